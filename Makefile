@@ -1,0 +1,33 @@
+# ftta: two commands for a new user (each creates .venv and installs what it needs on first use)
+#   make quickstart   run the main job: a small federated TTA experiment on the embedded digits
+#   make test         run the whole test suite (unit tests + notebooks in smoke mode, validated with nbval)
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ftta-installed
+
+.PHONY: install quickstart test notebooks figures clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[notebooks,test]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+quickstart: $(STAMP)
+	$(PY) -m ftta_core notebooks 00_quickstart --out-dir runs/quickstart
+
+test: $(STAMP)
+	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+
+notebooks: $(STAMP)
+	$(PY) -m ftta_core notebooks --smoke --out-dir runs/notebooks
+
+figures: $(STAMP)
+	$(PY) -m ftta_core notebooks
+
+clean:
+	rm -rf runs build .pytest_cache

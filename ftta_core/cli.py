@@ -1,0 +1,209 @@
+"""Command line: ``python -m ftta_core {run,train-source,eval-source,gallery,notebooks} ...``."""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+
+def _parse_value(text: str) -> Any:
+    """Parse a ``key=value`` right-hand side with YAML rules (numbers, booleans, lists)."""
+    return yaml.safe_load(text)
+
+
+def _key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"{flag} expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = _parse_value(v)
+    return out
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one federated test-time adaptation experiment",
+                       description="Run a local TTA method with a server strategy over a shifting test stream. "
+                                   "Writes OUT/summary.json, OUT/steps.csv and OUT/collaboration.npz; an "
+                                   "interrupted run resumes from its last completed slot.")
+    p.add_argument("--config", type=Path, help="YAML file with ExperimentConfig fields (flags override it)")
+    p.add_argument("--dataset", help="cifar10 | embedded_digits | digits/<domain>")
+    p.add_argument("--scenario", help="fedtsa_niid | fedtsa_iid | heterogeneity")
+    p.add_argument("--clients", type=int)
+    p.add_argument("--batch-size", type=int, dest="batch_size")
+    p.add_argument("--images-per-client", type=int, dest="images_per_client")
+    p.add_argument("--corruptions", help="comma-separated corruption names, or 'all'")
+    p.add_argument("--severity", type=int)
+    p.add_argument("--sh", type=float, help="spatial heterogeneity (clusters / clients)")
+    p.add_argument("--th", type=float, help="temporal heterogeneity (slot length / stream length)")
+    p.add_argument("--label-alpha", type=float, dest="label_alpha", help="Dirichlet label skew per client")
+    p.add_argument("--local", help="local TTA method (source, bn, tent, pl, ...)")
+    p.add_argument("--local-param", action="append", metavar="K=V", help="local method parameter (repeatable)")
+    p.add_argument("--strategy", help="server strategy (local, fedavg, ...)")
+    p.add_argument("--strategy-param", action="append", metavar="K=V", help="strategy parameter (repeatable)")
+    p.add_argument("--model", help="source model name (default: the dataset's)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--backend", choices=["vectorized", "loop"])
+    p.add_argument("--device", help="auto | cpu | cuda")
+    p.add_argument("--max-steps", type=int, dest="max_steps")
+    p.add_argument("--smoke", action="store_true", default=None, help="a few steps only")
+    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .experiment import ExperimentConfig, run_experiment
+
+    data: Dict[str, Any] = yaml.safe_load(args.config.read_text()) if args.config else {}
+    for key in ("dataset", "scenario", "clients", "batch_size", "images_per_client", "corruptions", "severity",
+                "sh", "th", "label_alpha", "local", "strategy", "model", "seed", "backend", "device", "max_steps",
+                "smoke"):
+        value = getattr(args, key)
+        if value is not None:
+            data[key] = value
+    data.setdefault("local_params", {}).update(_key_values(args.local_param, "--local-param"))
+    data.setdefault("strategy_params", {}).update(_key_values(args.strategy_param, "--strategy-param"))
+    try:
+        cfg = ExperimentConfig.from_dict(data)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    res = run_experiment(cfg, out=args.out, progress=True)
+    s = res.summary
+    print(f"\n{cfg.local} + {cfg.strategy} on {cfg.dataset} / {cfg.scenario} ({cfg.clients} clients, seed {cfg.seed})")
+    print(res.accuracy_table().round(2).to_string())
+    print(f"accuracy: source {s['accuracy_source']:.2f}  local {s['accuracy_local']:.2f}  "
+          f"mixed {s['accuracy']:.2f}   ({s['wall_time_s']} s on {s['device']}) -> {args.out}")
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from .training import SOURCE_MODELS
+
+    p = sub.add_parser("train-source", help="train a source model and write its checkpoint and card",
+                       description="Train one of the shipped source models reproducibly; writes "
+                                   "data/checkpoints/NAME.pt and NAME.json (clean and corrupted accuracy).")
+    p.add_argument("--model", required=True, choices=sorted(SOURCE_MODELS))
+    p.add_argument("--epochs", type=int, help="override the spec's epoch budget")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out-dir", type=Path, help="checkpoint folder (default data/checkpoints)")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from .data import load_dataset
+    from .experiment import resolve_device
+    from .training import CHECKPOINT_DIR, SOURCE_MODELS, evaluate, save_checkpoint, source_card, train_model
+    from .evaluation import corrupted_accuracy
+
+    spec = SOURCE_MODELS[args.model]
+    device = resolve_device(args.device)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    train = load_dataset(spec.dataset, "train", **spec.dataset_kwargs)
+    test = load_dataset(spec.dataset, "test", **spec.dataset_kwargs)
+    t0 = time.perf_counter()
+    model = train_model(spec, train, seed=args.seed, device=device, epochs=args.epochs)
+    wall = time.perf_counter() - t0
+    metrics = {"clean_test_accuracy": round(100 * evaluate(model, test, device=device), 2),
+               "epochs": args.epochs or spec.epochs, "device": device}
+    command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out_dir = args.out_dir or CHECKPOINT_DIR
+    save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics), out_dir)
+    metrics["corrupted_accuracy_severity5"] = corrupted_accuracy(model, test, severity=5, device=device)
+    vals = list(metrics["corrupted_accuracy_severity5"].values())
+    metrics["corrupted_mean_accuracy_severity5"] = round(sum(vals) / len(vals), 2)
+    path = save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics), out_dir)
+    print(json.dumps(metrics, indent=2))
+    print(f"wrote {path}")
+    return 0
+
+
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval-source", help="clean and per-corruption accuracy of a committed source model",
+                       description="Evaluate a source checkpoint without adaptation on the clean test set "
+                                   "and on every corruption at one severity.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--severity", type=int, default=5)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .data import load_dataset
+    from .evaluation import corrupted_accuracy
+    from .experiment import resolve_device
+    from .training import SOURCE_MODELS, evaluate, load_source_model
+
+    if args.model not in SOURCE_MODELS:
+        print(f"error: unknown model {args.model!r}; valid: {sorted(SOURCE_MODELS)}", file=sys.stderr)
+        return 2
+    spec = SOURCE_MODELS[args.model]
+    device = resolve_device(args.device)
+    model = load_source_model(args.model, device=device)
+    test = load_dataset(spec.dataset, "test", **spec.dataset_kwargs)
+    print(f"clean: {100 * evaluate(model, test, device=device):.2f}")
+    for k, v in corrupted_accuracy(model, test, severity=args.severity, device=device).items():
+        print(f"{k}: {v:.2f}")
+    return 0
+
+
+def _add_gallery(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gallery", help="draw one CIFAR-10 image under all corruptions and severities")
+    p.add_argument("--out", type=Path, default=Path("figures/corruption_gallery.png"))
+    p.add_argument("--index", type=int, default=None, help="CIFAR-10 test image index")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_gallery)
+
+
+def cmd_gallery(args: argparse.Namespace) -> int:
+    from .plots_gallery import write_gallery
+
+    kwargs = {} if args.index is None else {"index": args.index}
+    write_gallery(args.out, seed=args.seed, **kwargs)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _add_notebooks(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("notebooks", help="execute notebooks headlessly with papermill",
+                       description="Execute all notebooks (or the named ones) with papermill. --smoke runs the "
+                                   "fast CI mode; without it the full parameters regenerate figures/.")
+    p.add_argument("names", nargs="*", help="notebook names or stems (default: all in notebooks/)")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("-p", "--parameter", action="append", metavar="K=V", help="papermill parameter (repeatable)")
+    p.add_argument("--out-dir", type=Path, default=None, help="where executed copies go (default: in place)")
+    p.set_defaults(func=cmd_notebooks)
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    from .notebooks import execute_notebooks
+
+    params = _key_values(args.parameter, "--parameter")
+    for path in execute_notebooks(args.names, smoke=args.smoke, parameters=params, out_dir=args.out_dir):
+        print(f"executed {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-command per task."""
+    parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
+                                     "workbook. Every command has --help.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_run, _add_train, _add_eval, _add_gallery, _add_notebooks):
+        add(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)

@@ -1,0 +1,127 @@
+"""Client-batched layers: N clients' copies of a layer evaluated in one call on inputs ``[N*B, ...]``.
+
+A layer is either *shared* (one weight for all clients: one big conv over all N*B images) or *per-client*
+(weights with a leading client dimension: grouped convolution / batched matmul). BatchNorm always normalises
+per client; its statistics come from the current batch, from given per-client statistics, or from the source.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BN_MODES = ("source", "batch", "given")
+
+
+def _stack(t: Optional[torch.Tensor], n: int, per_client: bool) -> Optional[nn.Parameter]:
+    if t is None:
+        return None
+    data = t.detach().clone()
+    if per_client:
+        data = data.unsqueeze(0).repeat(n, *([1] * t.dim()))
+    return nn.Parameter(data)
+
+
+class ClientConv2d(nn.Module):
+    """Conv2d for N clients: shared weight -> one conv over N*B images; per-client weight -> grouped conv."""
+
+    def __init__(self, conv: nn.Conv2d, n_clients: int, per_client: bool) -> None:
+        super().__init__()
+        self.n_clients, self.per_client = n_clients, per_client
+        self.stride, self.padding, self.dilation, self.groups = conv.stride, conv.padding, conv.dilation, conv.groups
+        self.out_channels = conv.out_channels
+        self.weight = _stack(conv.weight, n_clients, per_client)
+        self.bias = _stack(conv.bias, n_clients, per_client)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.per_client:
+            return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        n = self.n_clients
+        nb, c, h, w = x.shape
+        b = nb // n
+        xg = x.view(n, b, c, h, w).transpose(0, 1).reshape(b, n * c, h, w)
+        weight = self.weight.reshape(n * self.out_channels, *self.weight.shape[2:])
+        bias = None if self.bias is None else self.bias.reshape(-1)
+        out = F.conv2d(xg, weight, bias, self.stride, self.padding, self.dilation, self.groups * n)
+        return out.view(b, n, self.out_channels, *out.shape[2:]).transpose(0, 1).reshape(nb, self.out_channels,
+                                                                                          *out.shape[2:])
+
+
+class ClientLinear(nn.Module):
+    """Linear for N clients: shared weight -> one matmul; per-client weight -> batched matmul."""
+
+    def __init__(self, linear: nn.Linear, n_clients: int, per_client: bool) -> None:
+        super().__init__()
+        self.n_clients, self.per_client = n_clients, per_client
+        self.weight = _stack(linear.weight, n_clients, per_client)
+        self.bias = _stack(linear.bias, n_clients, per_client)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.per_client:
+            return F.linear(x, self.weight, self.bias)
+        n = self.n_clients
+        xv = x.view(n, x.shape[0] // n, x.shape[1])
+        out = torch.bmm(xv, self.weight.transpose(1, 2))
+        if self.bias is not None:
+            out = out + self.bias[:, None, :]
+        return out.reshape(x.shape[0], -1)
+
+
+class ClientBatchNorm2d(nn.Module):
+    """BatchNorm2d normalising each client's slice with its own statistics (``mode``: source, batch or given)."""
+
+    def __init__(self, bn: nn.BatchNorm2d, n_clients: int, per_client: bool) -> None:
+        super().__init__()
+        self.n_clients, self.per_client, self.eps = n_clients, per_client, bn.eps
+        self.weight = _stack(bn.weight, n_clients, per_client)
+        self.bias = _stack(bn.bias, n_clients, per_client)
+        self.register_buffer("running_mean", bn.running_mean.detach().clone())
+        self.register_buffer("running_var", bn.running_var.detach().clone())
+        self.mode = "source"
+        self.given: Optional[torch.Tensor] = None  # [N, 2, C]: mean and (biased) variance
+        self.last: Optional[torch.Tensor] = None  # [N, 2, C] recorded in batch mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = self.n_clients
+        nb, c = x.shape[:2]
+        xv = x.view(n, nb // n, c, -1)
+        if self.mode == "batch":
+            var, mean = torch.var_mean(xv, dim=(1, 3), unbiased=False)
+            self.last = torch.stack([mean, var], 1).detach()
+        elif self.mode == "given":
+            if self.given is None:
+                raise RuntimeError("BN mode 'given' needs statistics: call set_bn_stats first")
+            mean, var = self.given[:, 0], self.given[:, 1]
+        else:
+            mean = self.running_mean.expand(n, c)
+            var = self.running_var.expand(n, c)
+        weight = self.weight if self.per_client else self.weight.expand(n, c)
+        bias = self.bias if self.per_client else self.bias.expand(n, c)
+        scale = weight * torch.rsqrt(var + self.eps)
+        shift = bias - mean * scale
+        return (xv * scale[:, None, :, None] + shift[:, None, :, None]).view_as(x)
+
+
+class StatBatchNorm2d(nn.BatchNorm2d):
+    """A plain per-model BatchNorm2d with the same three modes (the loop backend's specification)."""
+
+    def __init__(self, bn: nn.BatchNorm2d) -> None:
+        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
+                         device=bn.running_mean.device, dtype=bn.running_mean.dtype)
+        self.load_state_dict(bn.state_dict())
+        self.mode = "source"
+        self.given: Optional[torch.Tensor] = None  # [2, C]
+        self.last: Optional[torch.Tensor] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.mode == "batch":
+            var, mean = torch.var_mean(x, dim=(0, 2, 3), unbiased=False)
+            self.last = torch.stack([mean, var]).detach()
+            return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        if self.mode == "given":
+            if self.given is None:
+                raise RuntimeError("BN mode 'given' needs statistics: call set_bn_stats first")
+            return F.batch_norm(x, self.given[0], self.given[1], self.weight, self.bias, False, 0.0, self.eps)
+        return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)

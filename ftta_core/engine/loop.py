@@ -1,0 +1,123 @@
+"""The one loop: stream -> local method -> uploads -> strategy W -> mix -> predict -> record."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..stream import Stream, StreamBatch
+from ..strategies.base import ServerInputs, Strategy, check_collaboration
+from ..tta.base import LocalMethod
+from .bank import ClientBank, make_bank
+from .mixing import finite_clients, restrict_to_valid
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    """What one step produced for all clients."""
+
+    step: int
+    correct_source: np.ndarray
+    correct_local: np.ndarray
+    correct_mixed: np.ndarray
+    n: np.ndarray
+    domains: np.ndarray
+    weights: np.ndarray
+    rejected: np.ndarray
+    upload_bytes: int
+
+
+@dataclass
+class Engine:
+    """Runs a local method and a strategy over a stream with a client bank of the chosen backend."""
+
+    source_model: nn.Module
+    local: LocalMethod
+    strategy: Strategy
+    n_clients: int
+    backend: str = "vectorized"
+    device: str = "cpu"
+    bank: ClientBank = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.source_model = self.source_model.to(self.device).eval()
+        trainable = self.local.trainable(self.source_model)
+        self.bank = make_bank(self.backend, self.source_model, self.n_clients, trainable, self.local.optimizer())
+        self.strategy.reset(self.n_clients)
+
+    @torch.no_grad()
+    def _source_forward(self, x: torch.Tensor):
+        n, b = x.shape[:2]
+        feats = self.source_model.forward_features(x.reshape(n * b, *x.shape[2:]))
+        return self.source_model.fc(feats).view(n, b, -1), feats.view(n, b, -1)
+
+    def step(self, batch: StreamBatch) -> StepResult:
+        """Process one time step for all clients."""
+        x, y = batch.images.to(self.device), batch.labels.to(self.device)
+        src_logits, src_feats = self._source_forward(x)
+        out_local = self.local.adapt(self.bank, x, self.strategy.regularizer(self.bank, x))
+        state = self.local.shared_state(self.bank)
+        context = {"indicator": src_feats.mean(1), "feature_mean": out_local.features.mean(1),
+                   "logits_mean": out_local.logits.mean(1)}
+        uploads = self.strategy.client_uploads(context)
+        valid = finite_clients({**state, **uploads}, self.n_clients)
+        if not bool(valid.all()):
+            log.warning("step %d: rejected uploads of clients %s (NaN/Inf)", batch.step,
+                        torch.nonzero(~valid).flatten().tolist())
+        sizes = torch.full((self.n_clients,), float(x.shape[1]))
+        inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
+        weights = self.strategy.collaboration(inputs).detach().float().cpu()
+        weights = check_collaboration(restrict_to_valid(weights, valid), self.n_clients)
+        if state:
+            mixed = self.strategy.mix(state, weights.to(self.device))
+            # a rejected client keeps its own state exactly
+            mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
+                     for k, v in mixed.items()}
+            self.local.load_state(self.bank, mixed)
+            self.strategy.after_mix(mixed, inputs)
+        if self.strategy.finetune_after_mix and self.local.shares == "params":
+            # adapt again on the same batch after aggregation, then predict with the fine-tuned model
+            # (with TTA-bn there is nothing to fine-tune: FedAvg+FT equals FedAvg, as in FedTSA Table 1)
+            self.local.adapt(self.bank, x)
+            out_mixed = self.local.predict(self.bank, x)
+        else:
+            out_mixed = self.local.predict(self.bank, x)
+        upload_bytes = sum(int(t[0].numel() * t.element_size()) for t in {**state, **uploads}.values())
+        return StepResult(
+            step=batch.step,
+            correct_source=(src_logits.argmax(-1) == y).sum(1).cpu().numpy(),
+            correct_local=(out_local.logits.argmax(-1) == y).sum(1).cpu().numpy(),
+            correct_mixed=(out_mixed.logits.argmax(-1) == y).sum(1).cpu().numpy(),
+            n=np.full(self.n_clients, y.shape[1]),
+            domains=np.asarray(batch.domains),
+            weights=weights.numpy(),
+            rejected=(~valid).numpy(),
+            upload_bytes=upload_bytes,
+        )
+
+    def state_dict(self) -> dict:
+        """Bank and strategy state for resuming."""
+        return {"bank": self.bank.state_dict(), "strategy": self.strategy.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict``."""
+        self.bank.load_state_dict(state["bank"])
+        self.strategy.load_state_dict(state["strategy"])
+
+
+def run_steps(engine: Engine, stream: Stream, start: int = 0, stop: Optional[int] = None,
+              on_step: Optional[Callable[[StepResult], None]] = None) -> List[StepResult]:
+    """Run ``engine`` over steps [start, stop) of ``stream``."""
+    results = []
+    for t in range(start, len(stream) if stop is None else stop):
+        res = engine.step(stream.batch(t))
+        results.append(res)
+        if on_step is not None:
+            on_step(res)
+    return results

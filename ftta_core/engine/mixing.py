@@ -1,0 +1,71 @@
+"""The mixing kernel and the server's checks of what clients upload."""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Sequence, Tuple
+
+import torch
+
+
+def mix_state(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """``theta_i <- sum_j W_ij theta_j`` for every named tensor [N, ...] at once (one matmul over all of them)."""
+    if not state:
+        return {}
+    names = list(state)
+    n = weights.shape[0]
+    flat = torch.cat([state[k].reshape(n, -1).to(weights.dtype) for k in names], dim=1)
+    mixed = weights @ flat
+    out, offset = {}, 0
+    for k in names:
+        size = state[k][0].numel()
+        out[k] = mixed[:, offset:offset + size].reshape(state[k].shape).to(state[k].dtype)
+        offset += size
+    return out
+
+
+def finite_clients(tensors: Mapping[str, torch.Tensor], n_clients: int) -> torch.Tensor:
+    """Boolean [N]: clients whose every uploaded value is finite."""
+    ok = torch.ones(n_clients, dtype=torch.bool)
+    for t in tensors.values():
+        ok &= torch.isfinite(t.reshape(n_clients, -1)).all(1).cpu()
+    return ok
+
+
+def validate_uploads(uploads: Sequence[Mapping[str, torch.Tensor]], shapes: Mapping[str, Tuple[int, ...]]
+                     ) -> Tuple[Dict[str, torch.Tensor], torch.Tensor, Dict[int, str]]:
+    """Check per-client uploads against ``shapes``; stack them (rejected clients get zeros).
+
+    Returns the stacked tensors [N, ...], the boolean [N] of accepted clients and a reason per rejected client.
+    A client is rejected when a key is missing, a shape differs, or a value is NaN/Inf.
+    """
+    n = len(uploads)
+    valid = torch.ones(n, dtype=torch.bool)
+    reasons: Dict[int, str] = {}
+    stacked = {k: torch.zeros((n, *shape)) for k, shape in shapes.items()}
+    for i, up in enumerate(uploads):
+        for k, shape in shapes.items():
+            t = up.get(k)
+            if t is None:
+                reasons[i] = f"missing upload {k!r}"
+            elif tuple(t.shape) != tuple(shape):
+                reasons[i] = f"upload {k!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
+            elif not torch.isfinite(t).all():
+                reasons[i] = f"upload {k!r} holds NaN or Inf"
+            if i in reasons:
+                valid[i] = False
+                break
+        if valid[i]:
+            for k in shapes:
+                stacked[k][i] = up[k].detach().to(stacked[k].dtype)
+    return stacked, valid, reasons
+
+
+def restrict_to_valid(weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Drop rejected clients from W: no one mixes them in, they keep their own model; rows re-normalised."""
+    if bool(valid.all()):
+        return weights
+    v = valid.to(weights.device)
+    w = weights * v[None, :].to(weights.dtype)
+    eye = torch.eye(len(v), dtype=weights.dtype, device=weights.device)
+    sums = w.sum(1, keepdim=True)
+    w = torch.where(sums > 0, w / sums.clamp_min(1e-30), eye)
+    return torch.where(v[:, None], w, eye)

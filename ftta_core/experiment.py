@@ -1,0 +1,298 @@
+"""One validated config -> one federated TTA experiment -> tidy result tables (and files, resumable)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .engine.loop import Engine, StepResult
+from .scenarios import Scenario, client_image_pools, dirichlet_client_pools, fedtsa_scenario, heterogeneity_scenario
+from .stream import CLEAN, CorruptedDomains, Stream
+
+DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "cifar10": {"model": "resnet8_cifar10"},
+    "embedded_digits": {"model": "digits_cnn_embedded"},
+    "digits/mnistm": {"model": "cnn2_digits"},
+    "digits/usps": {"model": "cnn2_digits"},
+    "digits/mnist": {"model": "cnn2_digits"},
+}
+SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "heterogeneity")
+ALL_CORRUPTIONS = "all"
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> 'cuda' when available, else 'cpu'."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} requested but CUDA is not available")
+    return device
+
+
+@dataclass
+class ExperimentConfig:
+    """Everything that defines a run. Invalid values raise ``ValueError`` naming the field."""
+
+    dataset: str = "embedded_digits"
+    scenario: str = "heterogeneity"
+    corruptions: Sequence[str] | str = ALL_CORRUPTIONS
+    severity: int = 5
+    clients: int = 20
+    batch_size: int = 10
+    images_per_client: int = 500
+    sh: float = 0.2
+    th: float = 1 / 15
+    n_steps: Optional[int] = None
+    slot_steps: Optional[int] = None
+    label_alpha: Optional[float] = None
+    local: str = "bn"
+    local_params: Dict[str, Any] = field(default_factory=dict)
+    strategy: str = "fedavg"
+    strategy_params: Dict[str, Any] = field(default_factory=dict)
+    model: Optional[str] = None
+    seed: int = 0
+    backend: str = "vectorized"
+    device: str = "auto"
+    max_steps: Optional[int] = None
+    smoke: bool = False
+
+    def __post_init__(self) -> None:
+        from .corruptions import CORRUPTIONS, SEVERITIES
+        from .strategies import STRATEGIES
+        from .tta import LOCAL_METHODS
+        from .training import SOURCE_MODELS
+
+        def bad(name: str, msg: str) -> None:
+            raise ValueError(f"config field {name!r}: {msg}")
+
+        if self.dataset not in DATASET_DEFAULTS:
+            bad("dataset", f"unknown dataset {self.dataset!r}; valid: {sorted(DATASET_DEFAULTS)}")
+        if self.scenario not in SCENARIOS:
+            bad("scenario", f"unknown scenario {self.scenario!r}; valid: {list(SCENARIOS)}")
+        if isinstance(self.corruptions, str):
+            if self.corruptions != ALL_CORRUPTIONS:
+                self.corruptions = [c.strip() for c in self.corruptions.split(",") if c.strip()]
+        if not isinstance(self.corruptions, str):
+            self.corruptions = list(self.corruptions)
+            unknown = [c for c in self.corruptions if c not in CORRUPTIONS and c != CLEAN]
+            if unknown or not self.corruptions:
+                bad("corruptions", f"unknown {unknown}; valid: {list(CORRUPTIONS) + [CLEAN]} or 'all'")
+        if self.severity not in SEVERITIES:
+            bad("severity", f"must be one of {SEVERITIES}, got {self.severity}")
+        for name in ("clients", "batch_size", "images_per_client"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                bad(name, f"must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("sh", "th"):
+            if not 0 < float(getattr(self, name)) <= 1:
+                bad(name, f"must be in (0, 1], got {getattr(self, name)}")
+        for name in ("n_steps", "slot_steps", "max_steps"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                bad(name, f"must be a positive integer or None, got {v!r}")
+        if self.label_alpha is not None and not self.label_alpha > 0:
+            bad("label_alpha", f"must be positive or None (IID), got {self.label_alpha}")
+        if self.local not in LOCAL_METHODS:
+            bad("local", f"unknown local method {self.local!r}; valid: {sorted(LOCAL_METHODS)}")
+        if self.strategy not in STRATEGIES:
+            bad("strategy", f"unknown strategy {self.strategy!r}; valid: {sorted(STRATEGIES)}")
+        if self.backend not in ("loop", "vectorized"):
+            bad("backend", f"must be 'loop' or 'vectorized', got {self.backend!r}")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            bad("device", f"must be 'auto', 'cpu' or 'cuda[:k]', got {self.device!r}")
+        from .strategies import build_strategy
+        from .tta import build_local
+
+        build_local(self.local, **self.local_params)  # raises naming local_params and the bad key
+        build_strategy(self.strategy, **self.strategy_params)
+        if self.model is not None and self.model not in SOURCE_MODELS:
+            bad("model", f"unknown source model {self.model!r}; valid: {sorted(SOURCE_MODELS)}")
+
+    @property
+    def corruption_list(self) -> List[str]:
+        """The corruption names in stream order."""
+        from .corruptions import CORRUPTIONS
+
+        return list(CORRUPTIONS) if self.corruptions == ALL_CORRUPTIONS else list(self.corruptions)
+
+    @property
+    def model_name(self) -> str:
+        """The source model (default for the dataset unless given)."""
+        return self.model or DATASET_DEFAULTS[self.dataset]["model"]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-friendly dict."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any]) -> "ExperimentConfig":
+        """Build from a dict (e.g. YAML); unknown keys raise ``ValueError`` naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown config field(s) {unknown}; valid: {sorted(names)}")
+        return cls(**data)
+
+
+def build_scenario(cfg: ExperimentConfig) -> Scenario:
+    """The scenario the config names."""
+    names = cfg.corruption_list
+    if cfg.scenario.startswith("fedtsa"):
+        return fedtsa_scenario(names, niid=cfg.scenario == "fedtsa_niid", n_clients=cfg.clients,
+                               batch_size=cfg.batch_size, images_per_domain=cfg.images_per_client,
+                               slot_steps=cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
+    n_steps = cfg.n_steps or len(names) * (cfg.images_per_client // cfg.batch_size)
+    if cfg.slot_steps:
+        return heterogeneity_scenario(cfg.clients, names, cfg.sh, cfg.slot_steps / n_steps, n_steps, cfg.batch_size)
+    return heterogeneity_scenario(cfg.clients, names, cfg.sh, cfg.th, n_steps, cfg.batch_size)
+
+
+def build_stream(cfg: ExperimentConfig, device: str = "cpu", data_root: Optional[str] = None) -> Stream:
+    """Load the test set, corrupt it per domain (cached) and build the clients' stream."""
+    from .data import load_dataset
+    from .data.root import cache_dir
+
+    base = load_dataset(cfg.dataset, "test", root=data_root)
+    scenario = build_scenario(cfg)
+    domains = CorruptedDomains(base, cfg.corruption_list, cfg.severity, seed=cfg.seed,
+                               cache_dir=cache_dir() / "corrupted")
+    if cfg.label_alpha is None:
+        pools = client_image_pools(len(base), cfg.clients, cfg.images_per_client, cfg.seed)
+    else:
+        pools = dirichlet_client_pools(base.labels, cfg.clients, cfg.images_per_client, cfg.label_alpha, cfg.seed)
+    return Stream(scenario, domains, pools, device=device)
+
+
+def step_rows(res: StepResult, scenario: Scenario) -> List[Dict[str, Any]]:
+    """The tidy rows (one per client) of one step."""
+    return [{"step": res.step, "slot": scenario.slot_of(res.step), "client": i,
+             "domain": scenario.domain_names[int(res.domains[i])], "n": int(res.n[i]),
+             "correct_source": int(res.correct_source[i]), "correct_local": int(res.correct_local[i]),
+             "correct_mixed": int(res.correct_mixed[i]), "rejected": bool(res.rejected[i])}
+            for i in range(len(res.n))]
+
+
+@dataclass
+class Results:
+    """Tidy per-(step, client) table, W over time [T, N, N] and the summary dict."""
+
+    steps: pd.DataFrame
+    collaboration: np.ndarray
+    summary: Dict[str, Any]
+
+    def accuracy_table(self, by: str = "domain") -> pd.DataFrame:
+        """Accuracies (%) of source, local and mixed predictions grouped by ``by``."""
+        g = self.steps.groupby(by)[["n", "correct_source", "correct_local", "correct_mixed"]].sum()
+        return pd.DataFrame({k: 100 * g[f"correct_{k}"] / g["n"] for k in ("source", "local", "mixed")})
+
+
+def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device: str, upload_bytes: int) -> dict:
+    """Headline numbers, the config, versions, device and wall time."""
+    n = steps["n"].sum()
+    return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
+            "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
+            "rejected_uploads": int(steps["rejected"].sum()), "upload_bytes_per_client_step": upload_bytes,
+            "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
+                                                  "torch": torch.__version__, "numpy": np.__version__,
+                                                  "python": platform.python_version()},
+            "device": device, "wall_time_s": round(wall_s, 2)}
+
+
+def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,
+                   data_root: Optional[str] = None, stream: Optional[Stream] = None) -> Results:
+    """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted."""
+    from .strategies import build_strategy
+    from .training import load_source_model
+    from .tta import build_local
+    from .rng import derive_seed
+
+    device = resolve_device(cfg.device)
+    stream = stream or build_stream(cfg, device, data_root)
+    torch.manual_seed(derive_seed(cfg.seed, "engine"))
+    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
+                    build_strategy(cfg.strategy, **cfg.strategy_params), cfg.clients, cfg.backend, device)
+    n_steps = min(len(stream), cfg.max_steps or len(stream))
+    if cfg.smoke:
+        n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
+    writer = RunWriter(Path(out), cfg) if out is not None else None
+    start, rows, weights = 0, [], []
+    if writer is not None:
+        start, rows, weights = writer.resume(engine)
+    t0, upload_bytes = time.perf_counter(), 0
+    steps = range(start, n_steps)
+    if progress:
+        from tqdm.auto import tqdm
+        steps = tqdm(steps, desc=f"{cfg.local}+{cfg.strategy}", initial=start, total=n_steps)
+    slot_rows, slot_w = [], []
+    for t in steps:
+        res = engine.step(stream.batch(t))
+        upload_bytes = res.upload_bytes
+        slot_rows += step_rows(res, stream.scenario)
+        slot_w.append(res.weights)
+        if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
+            writer.commit(engine, t + 1, slot_rows, slot_w)
+        if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
+            rows += slot_rows
+            weights += slot_w
+            slot_rows, slot_w = [], []
+    table = pd.DataFrame(rows)
+    collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
+    summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes)
+    if writer is not None:
+        writer.finish(table, collab, summary)
+    return Results(table, collab, summary)
+
+
+class RunWriter:
+    """Writes a run's files slot by slot so an interrupted run resumes without losing or duplicating rows."""
+
+    def __init__(self, out: Path, cfg: ExperimentConfig) -> None:
+        self.out, self.cfg = out, cfg
+        out.mkdir(parents=True, exist_ok=True)
+        self.steps_csv, self.ckpt, self.parts = out / "steps.csv", out / "checkpoint.pt", out / "collaboration_parts"
+
+    def resume(self, engine: Engine):
+        """Restore engine state and completed rows; returns (next_step, rows, weights)."""
+        if not self.ckpt.exists():
+            for p in (self.steps_csv,):
+                p.unlink(missing_ok=True)
+            return 0, [], []
+        state = torch.load(self.ckpt, map_location="cpu", weights_only=False)
+        if state["config"] != self.cfg.to_dict():
+            raise ValueError(f"{self.out} holds a run with a different config; use another --out or delete it")
+        engine.load_state_dict(state["engine"])
+        nxt = state["next_step"]
+        table = pd.read_csv(self.steps_csv) if self.steps_csv.exists() else pd.DataFrame()
+        table = table[table["step"] < nxt] if len(table) else table
+        table.to_csv(self.steps_csv, index=False)
+        parts = sorted(self.parts.glob("*.npy"))
+        weights = [w for p in parts for w in np.load(p)][:nxt]
+        return nxt, table.to_dict("records"), weights
+
+    def commit(self, engine: Engine, next_step: int, rows: List[dict], weights: List[np.ndarray]) -> None:
+        """Append a finished slot: rows, W, then the checkpoint (written atomically last)."""
+        pd.DataFrame(rows).to_csv(self.steps_csv, mode="a", header=not self.steps_csv.exists(), index=False)
+        self.parts.mkdir(exist_ok=True)
+        np.save(self.parts / f"{next_step:08d}.npy", np.stack(weights).astype(np.float32))
+        tmp = self.ckpt.with_suffix(".tmp")
+        torch.save({"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step}, tmp)
+        tmp.replace(self.ckpt)
+
+    def finish(self, table: pd.DataFrame, collab: np.ndarray, summary: dict) -> None:
+        """Write the final files and drop the resume state."""
+        table.to_csv(self.steps_csv, index=False)
+        np.savez_compressed(self.out / "collaboration.npz", W=collab.astype(np.float32),
+                            steps=np.arange(len(collab)))
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        self.ckpt.unlink(missing_ok=True)
+        for p in self.parts.glob("*.npy"):
+            p.unlink()
+        if self.parts.exists():
+            self.parts.rmdir()

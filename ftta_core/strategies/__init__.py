@@ -1,0 +1,37 @@
+"""Server strategies (one small module each) and their registry."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict
+
+from ..registry import build_named
+from .base import ServerInputs, Strategy, check_collaboration, row_softmax
+from .basic import FedAvg, FedAvgFT, Local
+from .fedamp import FedAMP
+from .fedavgm import FedAvgM
+from .fedprox import FedProx
+from .ldawa import LDAWA
+from .moon import MOON
+from .pfedgraph import PFedGraph
+from .pfedsd import PFedSD
+
+STRATEGIES: Dict[str, Callable[..., Strategy]] = {
+    "local": Local,
+    "fedavg": FedAvg,
+    "fedavg_ft": FedAvgFT,
+    "fedavgm": FedAvgM,
+    "fedprox": FedProx,
+    "fedamp": FedAMP,
+    "pfedgraph": PFedGraph,
+    "ldawa": LDAWA,
+    "moon": MOON,
+    "pfedsd": PFedSD,
+}
+
+
+def build_strategy(name: str, **params: Any) -> Strategy:
+    """Instantiate strategy ``name`` with its keyword parameters (errors name the bad field)."""
+    return build_named("strategy", STRATEGIES, name, params)
+
+
+__all__ = ["STRATEGIES", "build_strategy", "Strategy", "ServerInputs", "check_collaboration", "row_softmax",
+           "Local", "FedAvg", "FedAvgFT", "FedAvgM", "FedProx", "FedAMP", "PFedGraph", "LDAWA", "MOON", "PFedSD"]

@@ -1,0 +1,247 @@
+"""Server strategies: turn client uploads (and bounded server memory) into a collaboration matrix W [N, N]."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import torch
+
+from ..engine.bank import ClientBank, LossFn
+from ..engine.mixing import mix_state
+
+# Upload kinds the engine can produce for a strategy, beyond the mixed state:
+#   indicator     batch mean of the *source* model's penultimate features [N, D] (FedTSA)
+#   feature_mean  batch mean of the adapted model's penultimate features [N, D]
+#   logits_mean   batch mean of the adapted model's logits [N, K]
+UPLOAD_KINDS = ("indicator", "feature_mean", "logits_mean")
+
+
+@dataclass
+class ServerInputs:
+    """What the server sees at one step: the shared state and uploads [N, ...], and which clients passed checks."""
+
+    step: int
+    state: Dict[str, torch.Tensor]
+    uploads: Dict[str, torch.Tensor]
+    valid: torch.Tensor
+    sizes: Optional[torch.Tensor] = None  # samples per client this step (FedAvg weights)
+    extra: Dict[str, object] = field(default_factory=dict)
+
+
+class Strategy(ABC):
+    """A server strategy. Subclasses implement ``collaboration``; server momentum and client regularisers hook in."""
+
+    name: str = "base"
+    needs: tuple = ()
+    finetune_after_mix: bool = False
+
+    def reset(self, n_clients: int) -> None:
+        """Forget server memory before a new stream with ``n_clients`` clients."""
+        self.n_clients = n_clients
+
+    @abstractmethod
+    def collaboration(self, inputs: ServerInputs) -> torch.Tensor:
+        """Row-stochastic, non-negative W [N, N] for this step."""
+
+    def mix(self, state: Dict[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Apply W to the shared state (override for server momentum)."""
+        return mix_state(state, weights)
+
+    def regularizer(self, bank: ClientBank, x: torch.Tensor) -> Optional[LossFn]:
+        """An extra client loss term for the next local step (FedProx, MOON, pFedSD); none by default."""
+        return None
+
+    def after_mix(self, mixed: Dict[str, torch.Tensor], inputs: ServerInputs) -> None:
+        """Observe the mixed state (strategies that keep the last global/personal models)."""
+
+    def client_uploads(self, context: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Pick this strategy's upload kinds from what the engine computed on the clients."""
+        missing = [k for k in self.needs if k not in context]
+        if missing:
+            raise KeyError(f"strategy {self.name} needs uploads {missing} the engine did not compute")
+        return {k: context[k] for k in self.needs}
+
+    def state_dict(self) -> dict:
+        """Server memory (for resuming a run)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore server memory."""
+
+
+def check_collaboration(weights: torch.Tensor, n_clients: int, atol: float = 1e-5) -> torch.Tensor:
+    """Validate that W is [N, N], finite, non-negative and row-stochastic; return it."""
+    if weights.shape != (n_clients, n_clients):
+        raise ValueError(f"collaboration matrix has shape {tuple(weights.shape)}, expected ({n_clients}, {n_clients})")
+    if not torch.isfinite(weights).all() or (weights < -atol).any():
+        raise ValueError("collaboration matrix must be finite and non-negative")
+    if not torch.allclose(weights.sum(1), torch.ones(n_clients, dtype=weights.dtype, device=weights.device), atol=atol):
+        raise ValueError("collaboration matrix rows must sum to 1")
+    return weights
+
+
+def row_softmax(scores: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Row-wise softmax of ``scores / temperature``."""
+    return torch.softmax(scores / temperature, dim=1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Helpers shared by several strategies (FedAvgM, FedProx, FedAMP, pFedGraph, LDAWA, MOON, pFedSD).
+
+StateDict = Dict[str, torch.Tensor]
+SIMILARITY_SOURCES = ("indicator", "state", "update")
+
+
+def size_fractions(inputs: ServerInputs) -> torch.Tensor:
+    """FedAvg weights p [N] (float64, CPU): samples per accepted client over their total; rejected clients get 0."""
+    n = inputs.valid.shape[0]
+    sizes = torch.ones(n, dtype=torch.float64) if inputs.sizes is None else inputs.sizes.detach().double().cpu()
+    sizes = sizes * inputs.valid.cpu().double()
+    total = sizes.sum()
+    return sizes / total if total > 0 else torch.full((n,), 1.0 / n, dtype=torch.float64)
+
+
+def is_bn_stats(name: str, tensor: torch.Tensor) -> bool:
+    """True for a TTA-bn statistics entry: [N, 2, C] (mean, var) keyed by its module, not a '.weight'/'.bias'."""
+    return tensor.dim() == 3 and tensor.shape[1] == 2 and name.rsplit(".", 1)[-1] not in ("weight", "bias")
+
+
+def clone_state(state: StateDict) -> StateDict:
+    """Detached copies of every tensor of ``state``."""
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def weighted_mean_state(state: StateDict, weights: torch.Tensor) -> StateDict:
+    """``sum_j w_j theta_j`` for every named tensor [N, ...] -> [1, ...] (one model); zero weights skip NaN/Inf rows."""
+    out = {}
+    for k, v in state.items():
+        w = weights.to(v.device, torch.float64).view(-1, *[1] * (v.dim() - 1))
+        terms = torch.where(w != 0, w * v.double(), torch.zeros((), dtype=torch.float64, device=v.device))
+        out[k] = terms.sum(0, keepdim=True).to(v.dtype)
+    return out
+
+
+def gram_matrix(tensors, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``G_ij = <a_i, a_j>`` [N, N] in float64 over the concatenation of tensors [N, ...]; rejected rows count as 0."""
+    gram = None
+    for t in tensors:
+        flat = t.detach().reshape(t.shape[0], -1).double()
+        if valid is not None:
+            flat = torch.where(valid.to(flat.device).view(-1, 1), flat, torch.zeros_like(flat))
+        g = (flat @ flat.T).cpu()
+        gram = g if gram is None else gram + g
+    if gram is None:
+        raise ValueError("gram_matrix needs at least one tensor")
+    return gram
+
+
+def cosine_from_gram(gram: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Cosine similarities [N, N] from a Gram matrix (0 against a zero vector, 1 on the diagonal of nonzero ones)."""
+    norms = gram.diagonal().clamp_min(0).sqrt()
+    denom = norms[:, None] * norms[None, :]
+    return torch.where(denom > eps, gram / denom.clamp_min(eps), torch.zeros_like(gram)).clamp(-1.0, 1.0)
+
+
+def distance_from_gram(gram: torch.Tensor) -> torch.Tensor:
+    """Euclidean distances [N, N] from a Gram matrix (exact zeros on the diagonal)."""
+    diag = gram.diagonal()
+    sq = (diag[:, None] + diag[None, :] - 2 * gram).clamp_min(0)
+    sq.fill_diagonal_(0)
+    return sq.sqrt()
+
+
+def similarity_gram(inputs: ServerInputs, on: str, reference: Optional[StateDict] = None) -> torch.Tensor:
+    """Gram matrix of what clients are compared on: 'indicator' upload, raw 'state', or 'update' = state - reference.
+
+    ``reference`` ([N, ...] per name, e.g. the state each client received at the last mix) defaults, for 'update',
+    to the FedAvg mean of the current state (so the first step compares deviations from the mean).
+    """
+    valid = inputs.valid
+    if on == "indicator":
+        if "indicator" not in inputs.uploads:
+            raise KeyError("similarity on 'indicator' needs the 'indicator' upload")
+        return gram_matrix([inputs.uploads["indicator"]], valid)
+    if on == "state":
+        return gram_matrix(inputs.state.values(), valid)
+    if on == "update":
+        if reference is None or set(reference) != set(inputs.state):
+            reference = weighted_mean_state(inputs.state, size_fractions(inputs))
+        return gram_matrix((v - reference[k].to(v.device, v.dtype) for k, v in inputs.state.items()), valid)
+    raise ValueError(f"similarity_on must be one of {SIMILARITY_SOURCES}, got {on!r}")
+
+
+def masked_row_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Row-wise softmax over the entries where ``mask`` is True; rows without any True entry are all zero."""
+    masked = scores.masked_fill(~mask, float("-inf"))
+    has_any = mask.any(1, keepdim=True)
+    safe = torch.where(has_any, masked, torch.zeros_like(masked))
+    return torch.where(mask, torch.softmax(safe, dim=1), torch.zeros_like(scores))
+
+
+class StateMemory:
+    """Bounded server memory: each client's last local (pre-mix) and received (post-mix) state, one copy of each."""
+
+    KINDS = ("local", "received")
+
+    def __init__(self, keep: tuple = KINDS) -> None:
+        unknown = [k for k in keep if k not in self.KINDS]
+        if unknown:
+            raise ValueError(f"StateMemory can keep {self.KINDS}, not {unknown}")
+        self.keep = tuple(keep)
+        self.saved: Dict[str, StateDict] = {}
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self.saved = {}
+
+    def observe(self, local: StateDict, received: StateDict) -> None:
+        """Remember this step's pre-mix and post-mix states (replacing the previous ones)."""
+        for kind, state in (("local", local), ("received", received)):
+            if kind in self.keep:
+                self.saved[kind] = clone_state(state)
+
+    def get(self, kind: str) -> Optional[StateDict]:
+        """The remembered state of ``kind`` ('local' or 'received'), or None before the first mix."""
+        return self.saved.get(kind)
+
+    def params(self, bank: ClientBank, kind: str) -> Optional[StateDict]:
+        """The remembered state if it holds exactly the bank's trainable parameters (TTA-grad), else None (TTA-bn)."""
+        saved = self.saved.get(kind)
+        if not saved or not bank.trainable or set(saved) != set(bank.trainable):
+            return None
+        return saved
+
+    def state_dict(self) -> dict:
+        """Copies of the remembered states."""
+        return {kind: clone_state(state) for kind, state in self.saved.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict``."""
+        self.saved = {kind: clone_state(s) for kind, s in state.items()}
+
+
+class RemembersStates:
+    """Mixin for strategies that keep a ``StateMemory`` (kinds listed in ``keep``), filled by ``after_mix``."""
+
+    keep: tuple = StateMemory.KINDS
+
+    @property
+    def memory(self) -> StateMemory:
+        """This strategy's bounded memory (created on first use)."""
+        if getattr(self, "_memory", None) is None:
+            self._memory = StateMemory(self.keep)
+        return self._memory
+
+    def reset(self, n_clients: int) -> None:
+        super().reset(n_clients)  # type: ignore[misc]
+        self.memory.clear()
+
+    def after_mix(self, mixed: StateDict, inputs: ServerInputs) -> None:
+        self.memory.observe(inputs.state, mixed)
+
+    def state_dict(self) -> dict:
+        return {"memory": self.memory.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.load_state_dict(state.get("memory", {}))

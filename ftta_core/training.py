@@ -1,0 +1,141 @@
+"""Reproducible supervised training of the source models shipped under ``data/checkpoints``."""
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .data.base import ImageArray
+from .models import build_model
+from .rng import torch_generator
+
+CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "data" / "checkpoints"
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """How one source model is trained: architecture, data, optimiser and augmentation budget."""
+
+    name: str
+    arch: str
+    dataset: str
+    epochs: int
+    batch_size: int = 128
+    lr: float = 0.1
+    weight_decay: float = 5e-4
+    flip: bool = True
+    crop_padding: int = 4
+    dataset_kwargs: Dict[str, object] = field(default_factory=dict)
+
+
+SOURCE_MODELS: Dict[str, SourceSpec] = {
+    "resnet8_cifar10": SourceSpec("resnet8_cifar10", "resnet8", "cifar10", epochs=30),
+    "cnn2_digits": SourceSpec("cnn2_digits", "cnn2", "digits/mnistm", epochs=15, lr=0.05, flip=False,
+                              crop_padding=2, dataset_kwargs={"size": 32}),
+    "digits_cnn_embedded": SourceSpec("digits_cnn_embedded", "digits_cnn", "embedded_digits", epochs=40,
+                                      batch_size=64, lr=0.05, flip=False, crop_padding=2),
+}
+
+
+def augment_batch(x: torch.Tensor, gen: torch.Generator, padding: int, flip: bool) -> torch.Tensor:
+    """Random crop after reflect padding and optional horizontal flip, drawn per image from ``gen``."""
+    b, _, h, w = x.shape
+    if padding > 0:
+        padded = F.pad(x, (padding,) * 4, mode="reflect")
+        oy = torch.randint(0, 2 * padding + 1, (b,), generator=gen)
+        ox = torch.randint(0, 2 * padding + 1, (b,), generator=gen)
+        rows = (oy[:, None] + torch.arange(h)[None]).to(x.device)  # [B, H]
+        cols = (ox[:, None] + torch.arange(w)[None]).to(x.device)  # [B, W]
+        idx_b = torch.arange(b, device=x.device)[:, None, None]
+        x = padded.permute(0, 2, 3, 1)[idx_b, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    if flip:
+        mask = (torch.rand(b, generator=gen) < 0.5).to(x.device)
+        x = torch.where(mask[:, None, None, None], x.flip(3), x)
+    return x.contiguous()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, device: str = "cpu",
+             transform: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None) -> float:
+    """Top-1 accuracy of ``model`` in eval mode on ``data`` (optionally transforming each batch)."""
+    model.eval()
+    correct = 0
+    for start in range(0, len(data), batch_size):
+        idx = np.arange(start, min(start + batch_size, len(data)))
+        x, y = data.tensors(idx, device)
+        if transform is not None:
+            x = transform(x, start)
+        correct += int((model(x).argmax(1) == y).sum())
+    return correct / len(data)
+
+
+def train_model(spec: SourceSpec, train: ImageArray, seed: int = 0, device: str = "cpu",
+                epochs: Optional[int] = None, progress: bool = True) -> nn.Module:
+    """Train ``spec.arch`` on ``train`` with SGD+Nesterov and a one-cycle schedule; deterministic given ``seed``."""
+    torch.manual_seed(seed)  # parameter initialisation of nn.Module uses the default generator
+    model = build_model(spec.arch, num_classes=train.num_classes).to(device)
+    n_epochs = epochs if epochs is not None else spec.epochs
+    steps_per_epoch = math.ceil(len(train) / spec.batch_size)
+    opt = torch.optim.SGD(model.parameters(), lr=spec.lr, momentum=0.9, nesterov=True, weight_decay=spec.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=n_epochs * steps_per_epoch,
+                                                pct_start=0.15)
+    gen = torch_generator(seed, "train-source", spec.name)
+    x_all, y_all = train.tensors(device=device)
+    iterator = range(n_epochs)
+    if progress:
+        from tqdm.auto import tqdm
+        iterator = tqdm(iterator, desc=f"train {spec.name}")
+    for _ in iterator:
+        model.train()
+        perm = torch.randperm(len(train), generator=gen).to(device)
+        total, seen = 0.0, 0
+        for s in range(steps_per_epoch):
+            idx = perm[s * spec.batch_size:(s + 1) * spec.batch_size]
+            x = augment_batch(x_all[idx], gen, spec.crop_padding, spec.flip)
+            loss = F.cross_entropy(model(x), y_all[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss) * len(idx)
+            seen += len(idx)
+        if progress:
+            iterator.set_postfix(loss=f"{total / seen:.3f}")
+    return model.eval()
+
+
+def save_checkpoint(model: nn.Module, spec: SourceSpec, card: dict, directory: Path = CHECKPOINT_DIR) -> Path:
+    """Write ``<name>.pt`` (state dict) and ``<name>.json`` (the model card) into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{spec.name}.pt"
+    torch.save({"arch": spec.arch, "num_classes": model.fc.out_features, "state_dict": model.state_dict()}, path)
+    (directory / f"{spec.name}.json").write_text(json.dumps(card, indent=2) + "\n")
+    return path
+
+
+def load_source_model(name: str, directory: Path = CHECKPOINT_DIR, device: str = "cpu") -> nn.Module:
+    """Load the committed source model ``name`` (see ``SOURCE_MODELS``) in eval mode."""
+    path = directory / f"{name}.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"source checkpoint {path} is missing; train it with "
+                                f"`python -m ftta_core train-source --model {name}`")
+    blob = torch.load(path, map_location=device, weights_only=True)
+    model = build_model(blob["arch"], num_classes=blob["num_classes"])
+    model.load_state_dict(blob["state_dict"])
+    return model.to(device).eval()
+
+
+def source_card(spec: SourceSpec, seed: int, command: str, wall_s: float, metrics: dict) -> dict:
+    """The model card stored beside a checkpoint."""
+    return {"name": spec.name, "spec": asdict(spec), "seed": seed, "command": command,
+            "train_wall_s": round(wall_s, 1), "torch": torch.__version__, "machine": platform.machine(),
+            "trained_at": time.strftime("%Y-%m-%d"), **metrics}

@@ -1,0 +1,160 @@
+"""The engine loop: W validity, upload rejection, mixing kernel, config validation, resume and the CLI."""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from ftta_core.engine.loop import Engine
+from ftta_core.engine.mixing import mix_state, restrict_to_valid, validate_uploads
+from ftta_core.experiment import ExperimentConfig, run_experiment
+from ftta_core.strategies import build_strategy
+from ftta_core.tta import build_local
+
+from conftest import shifted_batches
+
+
+def test_mix_state_is_one_matmul_over_all_tensors():
+    gen = torch.Generator().manual_seed(0)
+    state = {"a": torch.randn(3, 4, generator=gen), "b": torch.randn(3, 2, 5, generator=gen)}
+    w = torch.softmax(torch.randn(3, 3, generator=gen), 1)
+    mixed = mix_state(state, w)
+    for k, v in state.items():
+        expected = torch.einsum("ij,j...->i...", w, v)
+        assert torch.allclose(mixed[k], expected, atol=1e-6)
+
+
+def test_restrict_to_valid_keeps_rejected_clients_on_their_own_model():
+    w = torch.full((4, 4), 0.25)
+    valid = torch.tensor([True, False, True, True])
+    r = restrict_to_valid(w, valid)
+    assert torch.allclose(r.sum(1), torch.ones(4))
+    assert torch.equal(r[1], torch.tensor([0.0, 1.0, 0.0, 0.0]))
+    assert (r[[0, 2, 3], 1] == 0).all()
+
+
+def test_validate_uploads_rejects_nan_inf_shape_and_missing():
+    good = {"m": torch.ones(3)}
+    ups = [good, {"m": torch.tensor([1.0, float("nan"), 1.0])}, {"m": torch.ones(4)}, {},
+           {"m": torch.tensor([float("inf"), 0, 0])}]
+    stacked, valid, reasons = validate_uploads(ups, {"m": (3,)})
+    assert valid.tolist() == [True, False, False, False, False]
+    assert "NaN" in reasons[1] and "shape" in reasons[2] and "missing" in reasons[3] and "Inf" in reasons[4]
+    assert torch.isfinite(stacked["m"]).all()
+
+
+class PoisonedBN:
+    """Wraps BN adaptation so that client 1's uploaded statistics are NaN (a faulty device)."""
+
+    def __new__(cls):
+        local = build_local("bn")
+        original = local.shared_state
+
+        def poisoned(bank):
+            state = original(bank)
+            return {k: torch.where(torch.arange(v.shape[0]).view(-1, 1, 1) == 1, torch.nan, v) for k, v in state.items()}
+
+        local.shared_state = poisoned
+        return local
+
+
+@pytest.mark.parametrize("backend", ["loop", "vectorized"])
+def test_nan_upload_is_rejected_without_corrupting_others(digits_model, backend):
+    batches = shifted_batches(n_clients=4, batch=8, steps=2)
+    clean = Engine(digits_model, build_local("bn"), build_strategy("fedavg"), 4, backend)
+    bad = Engine(digits_model, PoisonedBN(), build_strategy("fedavg"), 4, backend)
+    for b in batches:
+        rc, rb = clean.step(b), bad.step(b)
+        assert rb.rejected.tolist() == [False, True, False, False]
+        assert np.allclose(rb.weights.sum(1), 1) and rb.weights[1, 1] == 1 and (rb.weights[[0, 2, 3], 1] == 0).all()
+        # the others average over the three valid clients: same as FedAvg without client 1
+        w3 = torch.zeros(4, 4)
+        w3[:, [0, 2, 3]] = 1 / 3
+        assert np.allclose(rb.weights[[0, 2, 3]], w3[[0, 2, 3]].numpy())
+        assert np.isfinite(rb.correct_mixed).all()
+
+
+def test_local_strategy_equals_local_method_and_fedavg_shares(digits_model):
+    batches = shifted_batches(n_clients=4, batch=8, steps=2)
+    eng = Engine(digits_model, build_local("bn"), build_strategy("local"), 4, "vectorized")
+    for b in batches:
+        r = eng.step(b)
+        assert np.allclose(r.weights, np.eye(4))
+        assert (r.correct_mixed == r.correct_local).all()
+
+
+def test_config_errors_name_the_field():
+    for field, value in [("local", "nope"), ("strategy", "nope"), ("dataset", "mnist3"), ("clients", 0),
+                         ("sh", 1.5), ("severity", 9), ("backend", "gpu"), ("corruptions", ["fog", "smog"]),
+                         ("label_alpha", -1.0), ("device", "tpu")]:
+        with pytest.raises(ValueError, match=repr(field)):
+            ExperimentConfig(**{field: value})
+    with pytest.raises(ValueError, match="unknown config field"):
+        ExperimentConfig.from_dict({"cleints": 3})
+    with pytest.raises(ValueError, match="local_params.*'lr'"):
+        ExperimentConfig(local="bn", local_params={"lr": 0.1})
+    with pytest.raises(ValueError, match="local_params.*optimizer"):
+        ExperimentConfig(local="tent", local_params={"optimizer": "rmsprop"})
+    with pytest.raises(ValueError, match="strategy_params.*'beta'"):
+        ExperimentConfig(strategy="fedavg", strategy_params={"beta": 0.9})
+
+
+SMALL = dict(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "contrast"],
+             clients=4, batch_size=8, images_per_client=40, sh=0.5, th=0.5, device="cpu")
+
+
+def test_same_seed_same_table_and_resume_without_loss_or_duplicates(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(**SMALL, local="tent", local_params={"params": "bn_affine", "lr": 1e-3},
+                           strategy="fedavg", seed=1)
+    full = run_experiment(cfg, out=tmp_path / "full")
+    again = run_experiment(cfg)
+    pd.testing.assert_frame_equal(full.steps, again.steps)
+    assert len(full.steps) == 4 * 10 and full.collaboration.shape == (10, 4, 4)
+
+    class Interrupt(Exception):
+        pass
+
+    import ftta_core.engine.loop as loop_mod
+
+    calls = {"n": 0}
+    original = loop_mod.Engine.step
+
+    def flaky(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 8:  # die inside the second slot (slots are 5 steps)
+            raise Interrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(loop_mod.Engine, "step", flaky)
+    with pytest.raises(Interrupt):
+        run_experiment(cfg, out=tmp_path / "resumed")
+    partial = pd.read_csv(tmp_path / "resumed" / "steps.csv")
+    assert partial["step"].max() == 4  # the first slot was committed
+    monkeypatch.setattr(loop_mod.Engine, "step", original)
+    resumed = run_experiment(cfg, out=tmp_path / "resumed")
+    pd.testing.assert_frame_equal(resumed.steps.reset_index(drop=True), full.steps.reset_index(drop=True),
+                                  check_dtype=False)
+    assert np.allclose(resumed.collaboration, full.collaboration)
+    summary = json.loads((tmp_path / "resumed" / "summary.json").read_text())
+    assert summary["accuracy"] == pytest.approx(full.summary["accuracy"])
+    for key in ("accuracy", "accuracy_local", "accuracy_source", "config", "versions", "device", "wall_time_s"):
+        assert key in summary
+    w = np.load(tmp_path / "resumed" / "collaboration.npz")["W"]
+    assert w.shape == (10, 4, 4)
+
+
+def test_cli_run_writes_outputs(tmp_path, monkeypatch, capsys):
+    from ftta_core.cli import main
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    rc = main(["run", "--dataset", "embedded_digits", "--scenario", "heterogeneity", "--clients", "4",
+               "--corruptions", "gaussian_noise,contrast", "--local", "bn", "--strategy", "fedavg", "--seed", "0",
+               "--device", "cpu", "--images-per-client", "40", "--batch-size", "8", "--sh", "0.5", "--th", "0.5",
+               "--out", str(tmp_path / "run"), "--smoke"])
+    assert rc == 0
+    assert {"summary.json", "steps.csv", "collaboration.npz"} <= {p.name for p in (tmp_path / "run").iterdir()}
+    assert "mixed" in capsys.readouterr().out
+    assert main(["run", "--local", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "'local'" in capsys.readouterr().err
