@@ -38,7 +38,7 @@ class SourceSpec:
 
 
 SOURCE_MODELS: Dict[str, SourceSpec] = {
-    "resnet8_cifar10": SourceSpec("resnet8_cifar10", "resnet8", "cifar10", epochs=30),
+    "resnet8_cifar10": SourceSpec("resnet8_cifar10", "resnet8", "cifar10", epochs=15),
     "cnn2_digits": SourceSpec("cnn2_digits", "cnn2", "digits/mnistm", epochs=15, lr=0.05, flip=False,
                               crop_padding=2, dataset_kwargs={"size": 32}),
     "digits_cnn_embedded": SourceSpec("digits_cnn_embedded", "digits_cnn", "embedded_digits", epochs=40,
@@ -106,7 +106,7 @@ def train_model(spec: SourceSpec, train: ImageArray, seed: int = 0, device: str 
             loss.backward()
             opt.step()
             sched.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
             seen += len(idx)
         if progress:
             iterator.set_postfix(loss=f"{total / seen:.3f}")

@@ -59,20 +59,30 @@ class PoisonedBN:
         return local
 
 
+def given_stats(bank):
+    """The BN statistics [N, 2, C] installed in every client (both backends)."""
+    if hasattr(bank, "models"):
+        return [torch.stack(list(t)) for t in zip(*[[m.given for m in bank._bns(i).values()]
+                                                     for i in range(bank.n_clients)])]
+    return [m.given for m in bank._bns.values()]
+
+
+@pytest.mark.parametrize("strategy", ["fedavg", "fedamp", "pfedgraph"])
 @pytest.mark.parametrize("backend", ["loop", "vectorized"])
-def test_nan_upload_is_rejected_without_corrupting_others(digits_model, backend):
+def test_nan_upload_is_rejected_without_corrupting_others(digits_model, backend, strategy):
     batches = shifted_batches(n_clients=4, batch=8, steps=2)
-    clean = Engine(digits_model, build_local("bn"), build_strategy("fedavg"), 4, backend)
-    bad = Engine(digits_model, PoisonedBN(), build_strategy("fedavg"), 4, backend)
+    bad = Engine(digits_model, PoisonedBN(), build_strategy(strategy), 4, backend)
+    alone = Engine(digits_model, build_local("bn"), build_strategy(strategy), 3, backend)
+    keep = [0, 2, 3]
     for b in batches:
-        rc, rb = clean.step(b), bad.step(b)
+        rb = bad.step(b)
         assert rb.rejected.tolist() == [False, True, False, False]
-        assert np.allclose(rb.weights.sum(1), 1) and rb.weights[1, 1] == 1 and (rb.weights[[0, 2, 3], 1] == 0).all()
-        # the others average over the three valid clients: same as FedAvg without client 1
-        w3 = torch.zeros(4, 4)
-        w3[:, [0, 2, 3]] = 1 / 3
-        assert np.allclose(rb.weights[[0, 2, 3]], w3[[0, 2, 3]].numpy())
-        assert np.isfinite(rb.correct_mixed).all()
+        assert np.allclose(rb.weights.sum(1), 1) and rb.weights[1, 1] == 1 and (rb.weights[keep, 1] == 0).all()
+        assert all(torch.isfinite(g[keep]).all() for g in given_stats(bad.bank))
+        if strategy == "fedavg":  # exactly as if client 1 did not exist
+            sub = type(b)(b.step, b.images[keep], b.labels[keep], b.domains[keep], b.indices[keep])
+            ra = alone.step(sub)
+            assert (ra.correct_mixed == rb.correct_mixed[keep]).all()
 
 
 def test_local_strategy_equals_local_method_and_fedavg_shares(digits_model):
@@ -158,3 +168,10 @@ def test_cli_run_writes_outputs(tmp_path, monkeypatch, capsys):
     assert "mixed" in capsys.readouterr().out
     assert main(["run", "--local", "nope", "--out", str(tmp_path / "x")]) == 2
     assert "'local'" in capsys.readouterr().err
+
+
+def test_mix_state_ignores_nan_rows_nobody_uses():
+    state = {"a": torch.tensor([[1.0, 2.0], [float("nan"), 0.0], [3.0, 4.0]])}
+    w = restrict_to_valid(torch.full((3, 3), 1 / 3), torch.tensor([True, False, True]))
+    mixed = mix_state(state, w)["a"]
+    assert torch.allclose(mixed[0], torch.tensor([2.0, 3.0])) and torch.allclose(mixed[2], torch.tensor([2.0, 3.0]))

@@ -11,8 +11,7 @@ import torch
 import torch.nn.functional as F
 from scipy.optimize import minimize
 
-from ftta_core.engine.bank import ForwardOutput
-from ftta_core.engine.mixing import mix_state, restrict_to_valid
+from ftta_core.engine.mixing import restrict_to_valid
 from ftta_core.strategies import STRATEGIES, build_strategy, check_collaboration
 from ftta_core.strategies.base import ServerInputs, cosine_from_gram, gram_matrix, is_bn_stats, size_fractions
 from ftta_core.strategies.fedamp import FedAMP

@@ -12,10 +12,8 @@ Drawer = Callable[[torch.Generator, Any, int, int], Fields]
 # apply(images [B,3,H,W] float, constant, **fields stacked to [B, ...] on the images' device) -> float images
 Kernel = Callable[..., torch.Tensor]
 
-# Added (in 1/255 units) before truncation so that a value that is an exact integer in exact arithmetic, e.g.
-# 255 * (k/255 + 0.2 * m/255) with m a multiple of 5, is not truncated one level down by float rounding.
-# It is far above float32 round-off (~3e-5 after a handful of operations) and far below one level.
-_TRUNCATION_EPS = {torch.float32: 5e-4, torch.float64: 1e-7}
+# Inputs this close (in 1/255 units) to the 8-bit grid are snapped onto it exactly (see ``snap_to_grid``).
+_GRID_SNAP_TOLERANCE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -33,13 +31,25 @@ class CorruptionSpec:
         return self.constants[severity - 1]
 
 
+def snap_to_grid(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as float64 with values within 1e-4 levels of k/255 replaced by exactly ``k/255``.
+
+    The reference reads uint8 images and computes ``k / 255.`` in float64; a float32 ``k/255`` is off by up to
+    ~8e-6 levels, enough to move results that are exact integers in the reference (e.g. brightness adds
+    0.2 = 51/255) across a truncation boundary. Values off the grid are left as they are.
+    """
+    x64 = x.to(torch.float64)
+    levels = torch.round(x64 * 255.0)
+    return torch.where((x64 * 255.0 - levels).abs() <= _GRID_SNAP_TOLERANCE, levels / 255.0, x64)
+
+
 def quantise(y: torch.Tensor, rounding: str = "floor") -> torch.Tensor:
     """Clip to [0, 1] and snap to the 8-bit grid k/255: floor (np.uint8 truncation) or round-to-nearest."""
     scaled = y.clamp(0.0, 1.0) * 255.0
     if rounding == "floor":
-        levels = torch.floor(scaled + _TRUNCATION_EPS.get(y.dtype, 5e-4))
+        levels = torch.floor(scaled)
     elif rounding == "round":
         levels = torch.round(scaled)
     else:
         raise ValueError(f"rounding must be 'floor' or 'round', got {rounding!r}")
-    return levels.clamp_(0.0, 255.0) / 255.0
+    return levels / 255.0

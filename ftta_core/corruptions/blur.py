@@ -78,14 +78,18 @@ def _draw_glass_offsets(gen: torch.Generator, c: Tuple[float, int, int], height:
     return {"offsets": torch.randint(-max_delta, max_delta, shape, generator=gen)}
 
 
-def local_shuffle(levels: torch.Tensor, offsets: torch.Tensor, max_delta: int) -> torch.Tensor:
-    """Glass blur's scan: for each iteration, h and w descending, ``x[h, w] <- x[h + dy, w + dx]`` per image."""
+def local_shuffle(levels: torch.Tensor, offsets: torch.Tensor, max_delta: int, force_loop: bool = False) -> torch.Tensor:
+    """Glass blur's scan: for each iteration, h and w descending, ``x[h, w] <- x[h + dy, w + dx]`` per image.
+
+    ``offsets`` [B, iterations, n_h, n_w, 2] hold (dx, dy). When all are <= 0 each pass is one gather (see the
+    module docstring); ``force_loop`` runs the position-by-position loop anyway (used by the tests).
+    """
     out = levels.clone()
     height, width = out.shape[-2:]
     rows = _shuffle_positions(height, max_delta).to(out.device)
     cols = _shuffle_positions(width, max_delta).to(out.device)
     batch_index = torch.arange(out.shape[0], device=out.device)
-    single_gather = bool(offsets.max() <= 0)
+    single_gather = not force_loop and bool(offsets.max() <= 0)
     for it in range(offsets.shape[1]):
         dx, dy = offsets[:, it, ..., 0], offsets[:, it, ..., 1]
         if single_gather:  # sources are all read before they are written

@@ -3,14 +3,15 @@
 * brightness: skimage ``rgb2hsv``, ``V <- clip(V + c)``, ``hsv2rgb``, transcribed formula for formula in torch.
 * contrast: ``(x - mean_c) c + mean_c`` with per-image, per-channel means.
 * elastic_transform: (1) a random affine from three points around the centre jittered by U(-j, j), applied as
-  ``cv2.warpAffine(BORDER_REFLECT_101)`` including OpenCV's fixed-point source coordinates (1/1024 then 1/32 pixel,
-  as in OpenCV <= 4.10 that generated CIFAR-10-C); (2) displacements ``alpha * gaussian(U(-1, 1), sigma,
-  mode='reflect', truncate=3)``; (3) ``map_coordinates(order=1, mode='reflect')``. Both samplers are explicit
-  bilinear gathers with the exact border rule: BORDER_REFLECT_101 (scipy 'mirror') for the affine step, scipy's
-  half-sample 'reflect' for the displacement step. (torch ``grid_sample(padding_mode="reflection")`` equals the
-  former with ``align_corners=True`` and the latter with ``align_corners=False``.) The constants are Hendrycks'
-  ``IMSIZE * (...)`` with IMSIZE = 32 for every image size; the centre points use (W//2, H//2) for (x, y), which
-  for square images equals the reference's (H//2, W//2).
+  ``cv2.warpAffine(BORDER_REFLECT_101)`` including OpenCV's fixed-point source coordinates (1/1024, then 1/32
+  pixel; OpenCV 3.4-4.10, which made CIFAR-10-C, works this way; OpenCV 5.0 samples at float coordinates instead);
+  (2) displacements ``alpha * gaussian(U(-1, 1), sigma, mode='reflect', truncate=3)``; (3)
+  ``map_coordinates(order=1, mode='reflect')``. Both samplers use ``grid_sample(padding_mode="reflection")``:
+  with ``align_corners=True`` it reflects about the outer pixel centres (= cv2 BORDER_REFLECT_101 = scipy
+  'mirror'), with ``align_corners=False`` about the outer pixel edges (= scipy 'reflect'), which is what each step
+  needs; equal to SciPy/OpenCV up to float64 round-off. The constants are Hendrycks' ``IMSIZE * (...)`` with
+  IMSIZE = 32 for every image size; the centre points use (W//2, H//2) for (x, y), which for square images equals
+  the reference's (H//2, W//2).
 * pixelate: ``PIL.resize(BOX)`` down to ``int(n c)`` and back, emulated exactly with Pillow's fixed-point BOX
   coefficients and 8-bit rounding after each pass (Pillow's BOX is centre-in-footprint averaging, not area
   weighting). Inputs are taken at their 8-bit level.

@@ -8,7 +8,7 @@ import torch
 
 from ..rng import derive_seed, torch_generator
 from . import blur, digital, noise, weather
-from ._spec import CorruptionSpec, Fields, quantise
+from ._spec import CorruptionSpec, Fields, quantise, snap_to_grid
 
 _SPECS: Dict[str, CorruptionSpec] = {spec.name: spec for module in (noise, blur, weather, digital) for spec in module.SPECS}
 CORRUPTIONS: tuple[str, ...] = (
@@ -31,8 +31,6 @@ CORRUPTIONS: tuple[str, ...] = (
 SEVERITIES: tuple[int, ...] = (1, 2, 3, 4, 5)
 MIN_SIZE = 16
 SEED_PURPOSE = "corruption"
-# float64 like the reference (NumPy), so truncation to uint8 falls on the same side as the reference
-COMPUTE_DTYPE = torch.float64
 
 Seed = Union[int, Sequence[int], torch.Tensor]
 
@@ -99,7 +97,8 @@ def corrupt(images: torch.Tensor, name: str, severity: int, seed: Seed) -> torch
     if batch == 0:
         return images.clone()
     fields = {k: v.to(images.device) for k, v in draw_fields(spec, severity, seeds, height, width).items()}
-    out = spec.apply(images.to(COMPUTE_DTYPE), spec.constant(severity), **fields)
+    # float64 on the exact 8-bit grid, like the reference's NumPy arithmetic, so truncation falls on the same side
+    out = spec.apply(snap_to_grid(images), spec.constant(severity), **fields)
     return quantise(out, spec.rounding).to(images.dtype)
 
 

@@ -110,8 +110,8 @@ def _draw_frost(gen: torch.Generator, _c: object, height: int, width: int) -> Fi
 
 
 def _frost_with_crop(x: torch.Tensor, c: Tuple[float, float], frost: torch.Tensor) -> torch.Tensor:
-    """``clip(a x + b frost)`` with the texture crop ``frost`` [B, 3, H, W]."""
-    return (c[0] * x + c[1] * frost.to(x)).clamp(0.0, 1.0)
+    """``clip(a x + b frost)`` with the texture crop ``frost`` [B, 3, H, W], computed in 0..255 units as the reference."""
+    return (c[0] * (x * 255.0) + c[1] * (frost.to(x) * 255.0)).clamp(0.0, 255.0) / 255.0
 
 
 def plasma_size(height: int, width: int) -> int:

@@ -13,7 +13,15 @@ def mix_state(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[
     names = list(state)
     n = weights.shape[0]
     flat = torch.cat([state[k].reshape(n, -1).to(weights.dtype) for k in names], dim=1)
-    mixed = weights @ flat
+    broken = ~torch.isfinite(flat).all(1)
+    if bool(broken.any()):
+        # a rejected client's NaN/Inf must not leak through a zero weight (0 * NaN = NaN); rows that really
+        # take from a broken client (its own row, kept as is) still get the honest non-finite result
+        mixed = weights @ torch.where(broken[:, None], torch.zeros((), dtype=flat.dtype), flat)
+        takes_broken = (weights[:, broken] != 0).any(1)
+        mixed[takes_broken] = weights[takes_broken] @ flat
+    else:
+        mixed = weights @ flat
     out, offset = {}, 0
     for k in names:
         size = state[k][0].numel()

@@ -1,0 +1,87 @@
+"""Notebook-facing helpers: run grids of configs over seeds (cached, resumable) and compare with papers."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import pandas as pd
+
+from .experiment import ExperimentConfig, Results, run_experiment
+
+SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
+
+
+def config_key(cfg: ExperimentConfig) -> str:
+    """A short stable hash of a config (the cache key of its results)."""
+    return hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
+             results_dir: Optional[Path] = None, progress: bool = True, keep: bool = False) -> pd.DataFrame:
+    """Run every variant (name -> config overrides) for every seed; one row per run.
+
+    With ``results_dir`` each finished run's summary is stored under its config hash, so an interrupted grid
+    resumes where it stopped and a rerun with the same configs reads the stored numbers.
+    With ``keep`` the full ``Results`` of each run are attached as ``grid.attrs['results'][(name, seed)]``.
+    """
+    rows, kept = [], {}
+    jobs = [(name, seed) for name in variants for seed in seeds]
+    iterator = jobs
+    if progress:
+        from tqdm.auto import tqdm
+        iterator = tqdm(jobs, desc="runs")
+    for name, seed in iterator:
+        cfg = dataclasses.replace(base, **dict(variants[name]), seed=seed)
+        path = Path(results_dir) / f"{config_key(cfg)}.json" if results_dir is not None else None
+        if path is not None and path.exists() and not keep:
+            summary = json.loads(path.read_text())
+        else:
+            res = run_experiment(cfg)
+            summary = res.summary
+            if keep:
+                kept[(name, seed)] = res
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(summary, indent=1, default=float))
+        rows.append({"variant": name, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
+    table = pd.DataFrame(rows)
+    table.attrs["results"] = kept
+    return table
+
+
+def mean_std(table: pd.DataFrame, by: Sequence[str] | str = "variant", value: str = "accuracy") -> pd.DataFrame:
+    """Mean and standard deviation (over seeds) of ``value`` per group."""
+    g = table.groupby(by, sort=False)[value]
+    return pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "runs": g.size()})
+
+
+def beside_paper(ours: pd.DataFrame, paper: Mapping[str, float], label: str = "paper") -> pd.DataFrame:
+    """Our mean +- std beside the paper's number and the difference (ours - paper), per row key."""
+    out = ours.copy()
+    out[label] = [paper.get(k, float("nan")) for k in out.index]
+    out["difference"] = out["mean"] - out[label]
+    return out
+
+
+def format_mean_std(table: pd.DataFrame, digits: int = 2) -> pd.Series:
+    """'mean ± std' strings."""
+    return table.apply(lambda r: f"{r['mean']:.{digits}f} ± {r['std']:.{digits}f}", axis=1)
+
+
+def load_results(out: Path) -> Results:
+    """Read a finished run folder written by ``run_experiment(out=...)`` / ``python -m ftta_core run``."""
+    import numpy as np
+
+    out = Path(out)
+    steps = pd.read_csv(out / "steps.csv")
+    collab = np.load(out / "collaboration.npz")["W"]
+    summary = json.loads((out / "summary.json").read_text())
+    return Results(steps, collab, summary)
+
+
+def summary_config(summary: Dict[str, Any]) -> ExperimentConfig:
+    """The config a stored summary was made with."""
+    return ExperimentConfig.from_dict(summary["config"])
