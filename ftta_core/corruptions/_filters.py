@@ -8,13 +8,16 @@ Border modes (index extension; ``abcd`` is a row):
 
 A 1-D correlation including its border rule is a matrix [n, n] (folding repeatedly when the kernel is wider than
 the image, exactly as SciPy does), so a separable filter is two small matmuls and a non-separable kernel is a short
-sum of them (its SVD). On small images this is much faster than padding + conv2d and has no border special cases.
+sum of them (its SVD); on small images this is much faster than padding + conv2d. Gaussian filters instead sum
+shifted copies in SciPy's own order, because glass blur truncates to uint8 between two Gaussians and flat image
+regions then sit exactly on a level boundary, where only the same summation order gives the same level.
 """
 from __future__ import annotations
 
 from functools import lru_cache
 from typing import List, Sequence, Tuple
 
+import numpy as np
 import torch
 
 BORDER_MODES = ("nearest", "reflect", "mirror")
@@ -82,25 +85,36 @@ class SeparableSum:
 
 @lru_cache(maxsize=None)
 def gaussian_kernel1d(sigma: float, truncate: float = 4.0) -> Tuple[float, ...]:
-    """scipy.ndimage's normalised 1-D Gaussian (radius ``int(truncate*sigma + 0.5)``; (1.,) when sigma <= 1e-15)."""
-    if sigma <= 1e-15:  # scipy skips the axis entirely
-        return (1.0,)
-    radius = int(truncate * sigma + 0.5)
-    taps = torch.arange(-radius, radius + 1, dtype=torch.float64)
-    weights = torch.exp(-0.5 / (sigma * sigma) * taps**2)
+    """scipy.ndimage's normalised 1-D Gaussian, computed with NumPy exactly as SciPy does (bit-identical weights)."""
+    radius = int(truncate * float(sigma) + 0.5)
+    taps = np.arange(-radius, radius + 1)
+    weights = np.exp(-0.5 / (sigma * sigma) * taps**2)
     return tuple((weights / weights.sum()).tolist())
 
 
-@lru_cache(maxsize=None)
-def gaussian_matrix(size: int, sigma: float, mode: str, truncate: float = 4.0) -> torch.Tensor:
-    """Matrix of scipy.ndimage.gaussian_filter1d(sigma, mode, truncate) along an axis of length ``size``."""
-    return correlation_matrix(size, gaussian_kernel1d(sigma, truncate), mode)
+def _correlate_symmetric(x: torch.Tensor, weights: Tuple[float, ...], dim: int, mode: str) -> torch.Tensor:
+    """scipy.ndimage.correlate1d with a symmetric kernel, summed in SciPy's order: centre tap first, then the
+    pairs ``(left + right) * w`` from the outermost inwards (so float64 results are bit-identical to SciPy's)."""
+    radius = len(weights) // 2
+    size = x.shape[dim]
+    index = border_index(torch.arange(-radius, size + radius, device=x.device), size, mode)
+    padded = x.index_select(dim, index)
+    out = padded.narrow(dim, radius, size) * weights[radius]
+    for offset in range(radius, 0, -1):
+        pair = padded.narrow(dim, radius - offset, size) + padded.narrow(dim, radius + offset, size)
+        out = out + pair * weights[radius - offset]
+    return out
 
 
 def gaussian_filter(x: torch.Tensor, sigma: float, mode: str = "nearest", truncate: float = 4.0) -> torch.Tensor:
-    """Per-channel Gaussian blur over the last two dims = scipy.ndimage.gaussian_filter (skimage ``gaussian``)."""
-    height, width = x.shape[-2:]
-    return apply_separable(x, gaussian_matrix(height, sigma, mode, truncate), gaussian_matrix(width, sigma, mode, truncate))
+    """Per-channel Gaussian blur over the last two dims = scipy.ndimage.gaussian_filter (skimage ``gaussian``).
+
+    H is filtered before W, as SciPy does; a sigma of (almost) zero leaves the image unchanged, as in SciPy.
+    """
+    if sigma <= 1e-15:
+        return x.clone()
+    weights = gaussian_kernel1d(float(sigma), float(truncate))
+    return _correlate_symmetric(_correlate_symmetric(x, weights, -2, mode), weights, -1, mode)
 
 
 def kernel2d_operator(kernel: torch.Tensor, height: int, width: int, mode: str) -> SeparableSum:

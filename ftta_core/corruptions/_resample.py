@@ -96,7 +96,11 @@ def _pillow_pass(levels: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
 
 
 def pillow_box_resize(levels: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
-    """``PIL.Image.resize((out_w, out_h), BOX)`` of uint8 levels [B, C, H, W] given as float64: horizontal then vertical."""
+    """``PIL.Image.resize((out_w, out_h), BOX)`` of uint8 levels [B, C, H, W] given as float64: horizontal then vertical.
+
+    Exact for one-axis and equal-ratio (pixelate's) resizes; when both axes change by different ratios Pillow 13
+    sometimes runs the vertical pass first, so a few values can differ by one level there.
+    """
     height, width = levels.shape[-2:]
     out = levels
     if out_w != width:

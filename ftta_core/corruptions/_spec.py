@@ -25,6 +25,7 @@ class CorruptionSpec:
     apply: Kernel
     draw: Optional[Drawer] = None
     rounding: str = "floor"  # "floor" = np.uint8 truncation as in make_cifar_c.py; "round" = 8-bit codec output
+    output_dtype: torch.dtype = torch.float64  # dtype of the reference's float result (float32 for zoom, elastic)
 
     def constant(self, severity: int) -> Any:
         """The constant of ``severity`` (1-based)."""
@@ -43,9 +44,12 @@ def snap_to_grid(x: torch.Tensor) -> torch.Tensor:
     return torch.where((x64 * 255.0 - levels).abs() <= _GRID_SNAP_TOLERANCE, levels / 255.0, x64)
 
 
-def quantise(y: torch.Tensor, rounding: str = "floor") -> torch.Tensor:
-    """Clip to [0, 1] and snap to the 8-bit grid k/255: floor (np.uint8 truncation) or round-to-nearest."""
-    scaled = y.clamp(0.0, 1.0) * 255.0
+def quantise(y: torch.Tensor, rounding: str = "floor", dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Clip to [0, 1] and snap to the 8-bit grid k/255 (float64): floor (np.uint8 truncation) or round-to-nearest.
+
+    ``dtype`` is the precision in which the reference holds its result and multiplies by 255 before the cast.
+    """
+    scaled = (y.clamp(0.0, 1.0).to(dtype) * 255.0).to(torch.float64)
     if rounding == "floor":
         levels = torch.floor(scaled)
     elif rounding == "round":

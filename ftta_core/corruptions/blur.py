@@ -142,5 +142,5 @@ SPECS = (
     CorruptionSpec("defocus_blur", DEFOCUS_BLUR, _defocus_blur),
     CorruptionSpec("glass_blur", GLASS_BLUR, _glass_blur_with_offsets, _draw_glass_offsets),
     CorruptionSpec("motion_blur", MOTION_BLUR, _motion_blur_with_angle, _draw_motion_angle, rounding="round"),
-    CorruptionSpec("zoom_blur", ZOOM_BLUR, _zoom_blur),
+    CorruptionSpec("zoom_blur", ZOOM_BLUR, _zoom_blur, output_dtype=torch.float32),
 )

@@ -99,7 +99,7 @@ def _elastic_with_fields(
     alpha, sigma, _ = c
     height, width = x.shape[-2:]
     rows, cols = affine_source_coordinates(jitter, height, width)
-    warped = bilinear_sample(x, rows.to(x.device), cols.to(x.device), "mirror")
+    warped = bilinear_sample(x, rows.to(x.device), cols.to(x.device), "mirror").float().double()  # a float32 image
     noise = torch.stack((noise_x, noise_y), dim=1).to(x.device, torch.float64)
     shifts = (gaussian_filter(noise, sigma, "reflect", ELASTIC_TRUNCATE) * alpha).float().double()
     grid_rows = torch.arange(height, device=x.device, dtype=torch.float64)[None, :, None] + shifts[:, 1]
@@ -134,7 +134,7 @@ def _jpeg(x: torch.Tensor, quality: int) -> torch.Tensor:
 SPECS = (
     CorruptionSpec("brightness", BRIGHTNESS, _brightness),
     CorruptionSpec("contrast", CONTRAST, _contrast),
-    CorruptionSpec("elastic_transform", ELASTIC, _elastic_with_fields, _draw_elastic),
+    CorruptionSpec("elastic_transform", ELASTIC, _elastic_with_fields, _draw_elastic, output_dtype=torch.float32),
     CorruptionSpec("pixelate", PIXELATE, _pixelate),
     CorruptionSpec("jpeg_compression", JPEG_QUALITY, _jpeg),
 )

@@ -99,7 +99,7 @@ def corrupt(images: torch.Tensor, name: str, severity: int, seed: Seed) -> torch
     fields = {k: v.to(images.device) for k, v in draw_fields(spec, severity, seeds, height, width).items()}
     # float64 on the exact 8-bit grid, like the reference's NumPy arithmetic, so truncation falls on the same side
     out = spec.apply(snap_to_grid(images), spec.constant(severity), **fields)
-    return quantise(out, spec.rounding).to(images.dtype)
+    return quantise(out, spec.rounding, spec.output_dtype).to(images.dtype)
 
 
 def corrupt_uint8(images_uint8_nhwc: np.ndarray, name: str, severity: int, seed: Seed) -> np.ndarray:

@@ -1,0 +1,49 @@
+"""The command line: every command has --help, and the FedTSA table command writes tables beside the paper."""
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from ftta_core.cli import build_parser, main
+
+COMMANDS = ["run", "train-source", "eval-source", "gallery", "notebooks", "fedtsa-table"]
+
+
+def test_top_level_help_lists_every_command():
+    out = subprocess.run([sys.executable, "-m", "ftta_core", "--help"], capture_output=True, text=True, check=True)
+    for cmd in COMMANDS:
+        assert cmd in out.stdout
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help(cmd, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([cmd, "--help"])
+    assert exc.value.code == 0 and "usage" in capsys.readouterr().out
+
+
+def test_fedtsa_table_runs_caches_and_sits_beside_the_paper(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["fedtsa-table", "--tta", "bn", "--strategies", "local", "fedavg", "--seeds", "0", "1", "--settings",
+            "niid", "--dataset", "embedded_digits", "--device", "cpu", "--max-steps", "2", "--results",
+            str(tmp_path / "results"), "--table", str(tmp_path / "table")]
+    assert main(args) == 0
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert list(table["method"]) == ["No-Adapt", "Local", "FedAvg"]
+    assert (table["seeds"] == 2).all()
+    assert table["paper_mean"].isna().all()  # the paper has no embedded-digits column
+    assert len(list((tmp_path / "results").glob("*.json"))) == 4
+    md = (tmp_path / "table.md").read_text()
+    assert "Made by: `python -m ftta_core" in md or "Made by:" in md
+    assert main(args) == 0  # second time: read from the cache
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "table.csv"), table)
+
+
+def test_paper_numbers_are_the_fedtsa_table():
+    from ftta_core.paper import paper_table
+
+    t = paper_table("fedtsa_table1").set_index(["method", "dataset", "setting", "tta"])
+    assert t.loc[("Local", "cifar10", "niid", "bn"), "mean"] == 56.93
+    assert t.loc[("FedAvg", "cifar10", "iid", "bn"), "mean"] == 61.29
+    assert len(t) == 12 * 8

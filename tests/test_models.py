@@ -1,0 +1,61 @@
+"""Models and source training: shapes, the ResNet-8 of FedTSA, reproducible training, checkpoints."""
+import numpy as np
+import pytest
+import torch
+
+from ftta_core.data.base import ImageArray
+from ftta_core.models import build_model
+from ftta_core.training import SOURCE_MODELS, SourceSpec, augment_batch, load_source_model, train_model
+from ftta_core.rng import torch_generator
+
+
+def test_resnet8_matches_the_fedtsa_description():
+    m = build_model("resnet8")
+    assert sum(p.numel() for p in m.parameters()) == pytest.approx(1.24e6, rel=0.01)
+    x = torch.rand(2, 3, 32, 32)
+    assert m.forward_features(x).shape == (2, 256) and m(x).shape == (2, 10)
+    assert m.conv1.kernel_size == (7, 7) and m.conv1.stride == (2, 2)
+
+
+def test_fedicon_cnn_and_digits_cnn_shapes():
+    assert build_model("cnn2")(torch.rand(3, 3, 32, 32)).shape == (3, 10)
+    assert build_model("digits_cnn")(torch.rand(3, 3, 16, 16)).shape == (3, 10)
+    with pytest.raises(ValueError, match="unknown architecture"):
+        build_model("vgg")
+
+
+def test_augmentation_is_seeded_and_shape_preserving():
+    x = torch.rand(6, 3, 8, 8)
+    a = augment_batch(x, torch_generator(0, "aug"), 2, True)
+    b = augment_batch(x, torch_generator(0, "aug"), 2, True)
+    assert a.shape == x.shape and torch.equal(a, b)
+
+
+def test_training_is_reproducible_and_learns():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 64)
+    images = np.zeros((64, 16, 16, 3), np.uint8)
+    images[labels == 1, :, :8] = 255  # a learnable pattern
+    data = ImageArray("toy", images, labels.astype(np.int64), ["a", "b"])
+    spec = SourceSpec("toy", "digits_cnn", "toy", epochs=15, batch_size=16, lr=0.05, flip=False, crop_padding=0)
+    m1 = train_model(spec, data, seed=3, progress=False)
+    m2 = train_model(spec, data, seed=3, progress=False)
+    for p1, p2 in zip(m1.state_dict().values(), m2.state_dict().values()):
+        assert torch.equal(p1, p2)
+    x, y = data.tensors()
+    assert (m1(x).argmax(1) == y).float().mean() > 0.9
+
+
+@pytest.mark.parametrize("name", ["digits_cnn_embedded", "resnet8_cifar10"])
+def test_committed_checkpoints_load_with_cards(name):
+    import json
+    from ftta_core.training import CHECKPOINT_DIR
+
+    if not (CHECKPOINT_DIR / f"{name}.pt").exists():
+        pytest.skip(f"{name} not trained yet")
+    m = load_source_model(name)
+    card = json.loads((CHECKPOINT_DIR / f"{name}.json").read_text())
+    assert card["clean_test_accuracy"] > 80 and card["spec"]["arch"] == SOURCE_MODELS[name].arch
+    assert "command" in card
+    with pytest.raises(FileNotFoundError, match="train-source"):
+        load_source_model("not_a_model")
