@@ -17,10 +17,10 @@ are within 1e-4 levels of the 8-bit grid (so float32 ``k/255`` inputs behave lik
 The reference casts its float output with ``np.uint8`` (truncation), so ``corrupt`` returns
 ``floor(255 * clip(y, 0, 1)) / 255``, cast back to the input dtype. Exception: motion_blur rounds to the nearest
 level, because the reference's result is ImageMagick's 8-bit PNG output (rounded), not a truncated float.
-Against a NumPy/SciPy/scikit-image/OpenCV-4.10/Pillow run of ``make_cifar_c.py`` fed the same random fields
-(48 CIFAR-10 test images, all severities), noise, motion blur, frost, fog, brightness, contrast, pixelate and
-JPEG are identical; defocus, glass, zoom, snow and elastic differ by one level on < 0.6 % of values (float
-summation order; zoom/snow/elastic run in float32 in the reference), glass by two on < 0.01 %.
+Against ``make_cifar_c.py`` itself (NumPy, SciPy 1.17, scikit-image 0.26, OpenCV 4.10, Pillow 13; ImageMagick
+replaced as below) fed the same random fields, on 48 CIFAR-10 test images at all severities: noise, glass, motion,
+frost, fog, brightness, contrast, pixelate and JPEG are identical; defocus (cv2's float32 kernel and summation
+order), zoom, snow and elastic (float32 arithmetic in the reference) differ by one level on < 0.6 % of values.
 
 Seeding
 -------

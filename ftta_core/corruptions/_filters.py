@@ -47,7 +47,8 @@ def correlation_matrix(size: int, kernel: Sequence[float], mode: str) -> torch.T
     rows = torch.arange(size)
     matrix = torch.zeros(size, size, dtype=torch.float64)
     for tap, weight in enumerate(weights.tolist()):
-        matrix.index_put_((rows, border_index(rows + tap - radius, size, mode)), torch.full((size,), weight, dtype=torch.float64), accumulate=True)
+        columns = border_index(rows + tap - radius, size, mode)
+        matrix.index_put_((rows, columns), torch.full((size,), weight, dtype=torch.float64), accumulate=True)
     return matrix
 
 
@@ -76,7 +77,8 @@ class SeparableSum:
         height, width = x.shape[-2:]
         if len(self.pairs) > 2 and height * width <= DENSE_MAX_PIXELS:
             flat = x.reshape(-1, height * width)
-            return torch.matmul(flat, self.dense().to(x).transpose(0, 1)).reshape(*x.shape[:-2], rows0.shape[0], cols0.shape[0])
+            out = torch.matmul(flat, self.dense().to(x).transpose(0, 1))
+            return out.reshape(*x.shape[:-2], rows0.shape[0], cols0.shape[0])
         out = apply_separable(x, rows0, cols0)
         for rows, cols in self.pairs[1:]:
             out = out + apply_separable(x, rows, cols)
@@ -128,7 +130,7 @@ def kernel2d_operator(kernel: torch.Tensor, height: int, width: int, mode: str) 
 
 
 def gather_shifted(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``out[b, c, i, j] = x[b, c, rows[b, i], cols[b, j]]`` for per-image row/column index vectors [B, H'] / [B, W']."""
+    """``out[b, c, i, j] = x[b, c, rows[b, i], cols[b, j]]`` with per-image index vectors rows [B, H'], cols [B, W']."""
     batch, channels, height, width = x.shape
     flat = (rows[:, :, None] * width + cols[:, None, :]).reshape(batch, 1, -1)
     out = x.reshape(batch, channels, -1).gather(2, flat.expand(batch, channels, flat.shape[-1]))
@@ -136,7 +138,7 @@ def gather_shifted(x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> t
 
 
 def line_blur(x: torch.Tensor, radius: int, sigma: float, angles_deg: torch.Tensor) -> torch.Tensor:
-    """Motion blur along a line at a per-image angle: imagecorruptions' ``_motion_blur`` (shift and accumulate), batched.
+    """Motion blur along a line at a per-image angle: imagecorruptions' ``_motion_blur`` (shift, accumulate), batched.
 
     Tap ``i`` (0..2*radius) has weight ``exp(-i^2 / (2 sigma^2))`` (normalised over the taps) and reads the pixel
     ``(y + ceil(i sin(a) - 0.5), x + ceil(i cos(a) - 0.5))`` with edge replication, which is how ImageMagick's

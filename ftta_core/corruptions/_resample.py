@@ -89,14 +89,14 @@ def pillow_box_coefficients(in_size: int, out_size: int) -> torch.Tensor:
 
 
 def _pillow_pass(levels: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
-    """One 8-bit Pillow pass along the last dim: ``(sum(p * k) + 2^21) >> 22`` clipped to [0, 255] (exact in float64)."""
+    """One 8-bit Pillow pass along the last dim: ``(sum(p k) + 2^21) >> 22`` clipped to [0, 255] (exact in float64)."""
     acc = torch.matmul(levels, coeffs.to(levels.device).transpose(0, 1))
     half = float(1 << (_PILLOW_PRECISION_BITS - 1))
     return torch.floor((acc + half) / float(1 << _PILLOW_PRECISION_BITS)).clamp_(0.0, 255.0)
 
 
 def pillow_box_resize(levels: torch.Tensor, out_h: int, out_w: int) -> torch.Tensor:
-    """``PIL.Image.resize((out_w, out_h), BOX)`` of uint8 levels [B, C, H, W] given as float64: horizontal then vertical.
+    """``PIL.Image.resize((out_w, out_h), BOX)`` of uint8 levels [B, C, H, W] (float64): horizontal, then vertical.
 
     Exact for one-axis and equal-ratio (pixelate's) resizes; when both axes change by different ratios Pillow 13
     sometimes runs the vertical pass first, so a few values can differ by one level there.

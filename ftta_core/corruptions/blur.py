@@ -2,10 +2,11 @@
 
 * defocus_blur: Hendrycks' ``disk`` kernel (aliased disk on a 17x17 grid, smoothed by a 3x3 Gaussian as
   cv2.GaussianBlur does), cropped to its non-zero support and correlated with BORDER_REFLECT_101 (cv2.filter2D).
-* glass_blur: skimage ``gaussian`` (scipy 'nearest' border), truncate to uint8, the local pixel "shuffle", Gaussian
-  again. The reference's ``x[h, w], x[h', w'] = x[h', w'], x[h, w]`` swaps NumPy *views*, so it really copies
-  ``x[h', w']`` into ``x[h, w]`` and leaves ``x[h', w']`` unchanged; we reproduce that. Offsets are
-  ``np.random.randint(-d, d)``, i.e. in [-d, d-1]. With d = 1 (all CIFAR severities) every source pixel is visited
+* glass_blur: skimage ``gaussian`` (scipy 'nearest' border, summed in SciPy's order so the truncated uint8 image is
+  the reference's bit for bit), truncate to uint8, the local pixel "shuffle", Gaussian again. The reference's
+  ``x[h, w], x[h', w'] = x[h', w'], x[h, w]`` swaps NumPy *views*, so it really copies ``x[h', w']`` into
+  ``x[h, w]`` and leaves ``x[h', w']`` unchanged; we reproduce that. Offsets are ``np.random.randint(-d, d)``,
+  i.e. in [-d, d-1]. With d = 1 (all CIFAR severities) every source pixel is visited
   later in the descending scan, so one pass equals a single gather from the unmodified image; that fast path is
   used whenever all offsets are <= 0, otherwise we loop over pixel positions in the reference order, vectorised
   over the batch (each image its own offsets).
@@ -78,7 +79,9 @@ def _draw_glass_offsets(gen: torch.Generator, c: Tuple[float, int, int], height:
     return {"offsets": torch.randint(-max_delta, max_delta, shape, generator=gen)}
 
 
-def local_shuffle(levels: torch.Tensor, offsets: torch.Tensor, max_delta: int, force_loop: bool = False) -> torch.Tensor:
+def local_shuffle(
+    levels: torch.Tensor, offsets: torch.Tensor, max_delta: int, force_loop: bool = False
+) -> torch.Tensor:
     """Glass blur's scan: for each iteration, h and w descending, ``x[h, w] <- x[h + dy, w + dx]`` per image.
 
     ``offsets`` [B, iterations, n_h, n_w, 2] hold (dx, dy). When all are <= 0 each pass is one gather (see the

@@ -10,7 +10,9 @@ from ..rng import derive_seed, torch_generator
 from . import blur, digital, noise, weather
 from ._spec import CorruptionSpec, Fields, quantise, snap_to_grid
 
-_SPECS: Dict[str, CorruptionSpec] = {spec.name: spec for module in (noise, blur, weather, digital) for spec in module.SPECS}
+_SPECS: Dict[str, CorruptionSpec] = {
+    spec.name: spec for module in (noise, blur, weather, digital) for spec in module.SPECS
+}
 CORRUPTIONS: tuple[str, ...] = (
     "gaussian_noise",
     "shot_noise",
@@ -103,13 +105,13 @@ def corrupt(images: torch.Tensor, name: str, severity: int, seed: Seed) -> torch
 
 
 def corrupt_uint8(images_uint8_nhwc: np.ndarray, name: str, severity: int, seed: Seed) -> np.ndarray:
-    """Corrupt uint8 images [N, H, W, 3] (or one [H, W, 3]); returns uint8 of the same shape, as make_cifar_c.py would."""
+    """Corrupt uint8 images [N, H, W, 3] (or one [H, W, 3]) into uint8 of the same shape, like make_cifar_c.py."""
     array = np.asarray(images_uint8_nhwc)
     if array.dtype != np.uint8:
         raise TypeError(f"expected uint8 images, got {array.dtype}")
     single = array.ndim == 3
     batch = array[None] if single else array
-    x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).to(torch.float32) / 255.0
+    x = torch.from_numpy(np.array(batch)).permute(0, 3, 1, 2).to(torch.float32) / 255.0
     y = corrupt(x, name, severity, seed)
     out = torch.round(y * 255.0).to(torch.uint8).permute(0, 2, 3, 1).numpy()
     return out[0] if single else out

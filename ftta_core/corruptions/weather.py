@@ -87,7 +87,7 @@ def _frost_original(index: int) -> np.ndarray:
 
 @lru_cache(maxsize=None)
 def frost_texture(index: int, min_height: int = 32, min_width: int = 32) -> torch.Tensor:
-    """Texture ``index`` resized by 0.2 as uint8 [3, h, w] with h > min_height and w > min_width (upscaled if needed)."""
+    """Texture ``index`` resized by 0.2 as uint8 [3, h, w], h > min_height and w > min_width (upscaled if needed)."""
     original = _frost_original(index)
     height, width = (int(np.rint(n / FROST_STRIDE)) for n in original.shape[:2])  # cv2: round(n * 0.2)
     if height > min_height and width > min_width:
@@ -110,7 +110,7 @@ def _draw_frost(gen: torch.Generator, _c: object, height: int, width: int) -> Fi
 
 
 def _frost_with_crop(x: torch.Tensor, c: Tuple[float, float], frost: torch.Tensor) -> torch.Tensor:
-    """``clip(a x + b frost)`` with the texture crop ``frost`` [B, 3, H, W], computed in 0..255 units as the reference."""
+    """``clip(a x + b frost)`` with the texture crop ``frost`` [B, 3, H, W], in 0..255 units like the reference."""
     return (c[0] * (x * 255.0) + c[1] * (frost.to(x) * 255.0)).clamp(0.0, 255.0) / 255.0
 
 

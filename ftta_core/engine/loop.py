@@ -65,6 +65,7 @@ class Engine:
         state = self.local.shared_state(self.bank)
         context = {"indicator": src_feats.mean(1), "feature_mean": out_local.features.mean(1),
                    "logits_mean": out_local.logits.mean(1)}
+        context.update(self.strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
         uploads = self.strategy.client_uploads(context)
         valid = finite_clients({**state, **uploads}, self.n_clients)
         if not bool(valid.all()):

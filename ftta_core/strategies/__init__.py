@@ -8,6 +8,8 @@ from .base import ServerInputs, Strategy, check_collaboration, row_softmax
 from .basic import FedAvg, FedAvgFT, Local
 from .fedamp import FedAMP
 from .fedavgm import FedAvgM
+from .fedtsa import FedTSA
+from .fedctta import FedCTTA
 from .fedprox import FedProx
 from .ldawa import LDAWA
 from .moon import MOON
@@ -25,6 +27,8 @@ STRATEGIES: Dict[str, Callable[..., Strategy]] = {
     "ldawa": LDAWA,
     "moon": MOON,
     "pfedsd": PFedSD,
+    "fedtsa": FedTSA,
+    "fedctta": FedCTTA,
 }
 
 

@@ -3,17 +3,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import torch
 
 from ..engine.bank import ClientBank, LossFn
 from ..engine.mixing import mix_state
 
+if TYPE_CHECKING:  # only for annotations: the engine passes its local method to ``probe_uploads``
+    from ..tta.base import LocalMethod
+
 # Upload kinds the engine can produce for a strategy, beyond the mixed state:
 #   indicator     batch mean of the *source* model's penultimate features [N, D] (FedTSA)
 #   feature_mean  batch mean of the adapted model's penultimate features [N, D]
 #   logits_mean   batch mean of the adapted model's logits [N, K]
+# A strategy can add kinds of its own that need the client models (``Strategy.probe_uploads``, e.g. FedCTTA).
 UPLOAD_KINDS = ("indicator", "feature_mean", "logits_mean")
 
 
@@ -54,6 +58,17 @@ class Strategy(ABC):
 
     def after_mix(self, mixed: Dict[str, torch.Tensor], inputs: ServerInputs) -> None:
         """Observe the mixed state (strategies that keep the last global/personal models)."""
+
+    def probe_uploads(self, bank: ClientBank, local: "LocalMethod", x: torch.Tensor,
+                      step: int) -> Dict[str, torch.Tensor]:
+        """Client-side uploads that need the adapted client models themselves (none by default).
+
+        Called by the engine once per step, after the local step and after the shared state was read, before
+        ``client_uploads``; what it returns ([N, ...] per name) is merged into the engine's context. ``x`` is the
+        clients' batch [N,B,C,H,W] (for shapes and device) and ``step`` the stream step. It may run forwards
+        (e.g. on probe inputs, FedCTTA) but must leave the clients' parameters unchanged.
+        """
+        return {}
 
     def client_uploads(self, context: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Pick this strategy's upload kinds from what the engine computed on the clients."""

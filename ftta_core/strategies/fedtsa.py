@@ -1,0 +1,277 @@
+"""FedTSA / TSA (Zhang et al., KDD 2024): collaboration weights from a temporal-spatial attention block trained on
+the server each round on a bounded memory of the clients' source-feature indicators."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..rng import torch_generator
+from .base import ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
+from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, sample_spatial_mask,
+                       sample_temporal_mask, similarity_mask)
+
+# Fig. 3 ablations: name -> (trained, temporal module, augmentation)
+VARIANTS = {"full": (True, True, True), "w/o time": (True, False, True), "w/o aug": (True, True, False),
+            "S-sim": (False, False, False), "TS-sim": (False, True, False)}
+SELECTIONS = ("final", "best")
+GRAPH_SOURCES = ("indicator", "temporal")
+
+
+def variant_name(name: str) -> str:
+    """The canonical Fig. 3 name for ``name`` ('wo_time', 'w/o-time', 'ts_sim', ... are accepted)."""
+    key = "".join(ch for ch in name.lower() if ch.isalnum())
+    for canonical in VARIANTS:
+        if "".join(ch for ch in canonical.lower() if ch.isalnum()) == key:
+            return canonical
+    raise ValueError(f"variant must be one of {list(VARIANTS)}, got {name!r}")
+
+
+class IndicatorMemory:
+    """The server's memory bank P, bounded: a ring buffer of the last ``window`` indicator uploads [T, N, D]."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every stored step."""
+        self.buffer: Optional[torch.Tensor] = None  # [T, N, D]
+        self.steps = torch.full((self.window,), -1, dtype=torch.long)  # step id of each slot
+        self.count = 0  # uploads pushed since the last clear
+
+    def __len__(self) -> int:
+        return min(self.count, self.window)
+
+    def push(self, step: int, indicators: torch.Tensor, valid: Optional[torch.Tensor] = None) -> None:
+        """Store this step's indicators [N, D]; a rejected or non-finite row repeats the client's previous row (or 0)."""
+        x = indicators.detach().float().cpu()
+        ok = torch.isfinite(x).all(1)
+        if valid is not None:
+            ok &= valid.cpu().bool()
+        if self.buffer is None:
+            self.buffer = torch.zeros((self.window, *x.shape))
+        elif self.buffer.shape[1:] != x.shape:
+            raise ValueError(f"indicators have shape {tuple(x.shape)}, memory holds {tuple(self.buffer.shape[1:])}; "
+                             "call reset() before changing the number of clients or features")
+        previous = self.latest() if self.count else torch.zeros_like(x)
+        slot = self.count % self.window
+        self.buffer[slot] = torch.where(ok[:, None], x, previous)
+        self.steps[slot] = int(step)
+        self.count += 1
+
+    def _order(self) -> torch.Tensor:
+        n = len(self)
+        start = self.count % self.window if self.count >= self.window else 0
+        return (start + torch.arange(n)) % self.window
+
+    def latest(self) -> torch.Tensor:
+        """The most recent indicators [N, D]."""
+        if not self.count:
+            raise ValueError("the memory is empty")
+        return self.buffer[(self.count - 1) % self.window]
+
+    def ordered(self) -> torch.Tensor:
+        """The stored steps, oldest first: X [min(count, T), N, D] (a copy)."""
+        if self.buffer is None:
+            raise ValueError("the memory is empty")
+        return self.buffer[self._order()].clone()
+
+    def ordered_steps(self) -> np.ndarray:
+        """Step ids of ``ordered()``, oldest first."""
+        return self.steps[self._order()].numpy().copy()
+
+    def state_dict(self) -> dict:
+        """Copies of the buffer, slot step ids and count."""
+        return {"window": self.window, "count": self.count, "steps": self.steps.clone(),
+                "buffer": None if self.buffer is None else self.buffer.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict`` (the window length must match)."""
+        if int(state["window"]) != self.window:
+            raise ValueError(f"saved memory has window {state['window']}, this one {self.window}")
+        self.count = int(state["count"])
+        self.steps = state["steps"].clone()
+        self.buffer = None if state["buffer"] is None else state["buffer"].clone()
+
+
+@dataclass
+class FedTSADiagnostics:
+    """What the last server round computed (replaced every round, so it never grows)."""
+
+    step: int
+    window_steps: np.ndarray  # step ids in the window, oldest first [T']
+    weights: torch.Tensor  # W_t [N, N]
+    spatial_attention: Optional[torch.Tensor]  # selected, unmasked softmax(A^(S)) [T', N, N]
+    temporal_attention: Optional[torch.Tensor]  # selected, unmasked softmax(A^(T)) [N, T', T']
+    current_mask: torch.Tensor  # M^cur [N, N] (Eq. 15)
+    spatial_mask: Optional[torch.Tensor]  # last sampled M^spa [N, N]
+    temporal_mask: Optional[torch.Tensor]  # last sampled M^tem [N, T', T']
+    loss: np.ndarray  # L_tsa per server iteration [server_steps]
+    loss_regularization: np.ndarray  # MSE(X_TSA, X) per iteration
+    loss_robustness: np.ndarray  # MSE(X_TSA, X_TSA') per iteration (zeros without augmentation)
+    selected_iteration: int  # iteration whose attention gave W (-1: after the last update / untrained)
+    seconds: float  # wall time of this server round
+
+
+def detached_attention(out: TSBlockOutput) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Detached copies of a pass's (spatial [T, N, N], temporal [N, T, T] or None) attention."""
+    temporal = None if out.temporal_attention is None else out.temporal_attention.detach().clone()
+    return out.spatial_attention.detach().clone(), temporal
+
+
+class FedTSA(Strategy):
+    """W_t = the spatial attention of a TS-Block over the last T indicator steps, trained with L_tsa (Eq. 18).
+
+    Each round: push the indicators (batch mean of the source model's penultimate features) into the memory bank,
+    build a fresh identity-initialised TS-Block (or keep last round's, ``warm_start``), train it for
+    ``server_steps`` Adam steps on ``MSE(X_TSA, X) + lam * MSE(X_TSA, X_TSA')`` where X_TSA' is the pass under the
+    heterogeneity-aware masks (resampled every iteration from the current attention), and return the unmasked
+    spatial attention at the current step. Defaults are the paper's (T=10, lambda=1, lr 1e-3, Bernoulli masks,
+    the attention after the last update); the published code's choices are options: ``window=5, lam=0.1, lr=1e-4,
+    augmentation='count', select='best', bias=True`` (its internal version: window 10, lam 0.5).
+
+    Variants (Fig. 3): 'full'; 'w/o time' (no temporal module; the spatial block still trains on the T-step window);
+    'w/o aug' (lam = 0); 'S-sim' (W = row-softmax of the cosine similarity of the current indicators, untrained);
+    'TS-sim' (the identity-initialised TS-Block, untrained).
+    """
+
+    name = "fedtsa"
+    needs = ("indicator",)
+
+    def __init__(self, window: int = 10, lam: float = 1.0, lr: float = 1e-3, server_steps: int = 100,
+                 augmentation: str = "bernoulli", temporal_drop: float = 0.75, edge_drop: float = 0.8,
+                 edge_add: float = 0.2, variant: str = "full", mask_mode: str = "exclude", select: str = "final",
+                 graph_on: str = "indicator", bias: bool = False, warm_start: bool = False, seed: int = 0) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if lam < 0:
+            raise ValueError(f"lam must be >= 0, got {lam}")
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if server_steps < 0:
+            raise ValueError(f"server_steps must be >= 0, got {server_steps}")
+        if augmentation not in AUGMENTATIONS:
+            raise ValueError(f"augmentation must be one of {AUGMENTATIONS}, got {augmentation!r}")
+        for label, rate in (("temporal_drop", temporal_drop), ("edge_drop", edge_drop), ("edge_add", edge_add)):
+            if not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{label} must be in [0, 1], got {rate}")
+        if mask_mode not in MASK_MODES:
+            raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
+        if select not in SELECTIONS:
+            raise ValueError(f"select must be one of {SELECTIONS}, got {select!r}")
+        if graph_on not in GRAPH_SOURCES:
+            raise ValueError(f"graph_on must be one of {GRAPH_SOURCES}, got {graph_on!r}")
+        self.variant = variant_name(variant)
+        self.trained, self.temporal, self.augment = VARIANTS[self.variant]
+        self.window, self.lam, self.lr, self.server_steps = int(window), float(lam), float(lr), int(server_steps)
+        self.augmentation, self.temporal_drop, self.edge_drop, self.edge_add = (augmentation, temporal_drop,
+                                                                                edge_drop, edge_add)
+        self.mask_mode, self.select, self.graph_on, self.bias = mask_mode, select, graph_on, bias
+        self.warm_start, self.seed = warm_start, int(seed)
+        self.memory = IndicatorMemory(self.window)
+        self.block: Optional[TSBlock] = None  # kept between rounds only with warm_start
+        self.last_diagnostics: Optional[FedTSADiagnostics] = None
+
+    # ------------------------------------------------------------------ engine interface
+
+    def reset(self, n_clients: int) -> None:
+        super().reset(n_clients)
+        self.memory.clear()
+        self.block = None
+        self.last_diagnostics = None
+
+    def collaboration(self, inputs: ServerInputs) -> torch.Tensor:
+        start = time.perf_counter()
+        if "indicator" not in inputs.uploads:
+            raise KeyError("FedTSA needs the 'indicator' upload")
+        self.memory.push(inputs.step, inputs.uploads["indicator"], inputs.valid)
+        x = self.memory.ordered()  # X [T', N, D], oldest first
+        current = x[-1]
+        if self.variant == "S-sim":
+            weights = row_softmax(cosine_from_gram(gram_matrix([current]))).float()
+            self.last_diagnostics = FedTSADiagnostics(
+                inputs.step, self.memory.ordered_steps(), weights, None, None, similarity_mask(current), None, None,
+                np.zeros(0), np.zeros(0), np.zeros(0), -1, time.perf_counter() - start)
+            return weights
+        diag = self._train_block(x, torch_generator(self.seed, "fedtsa", inputs.step))
+        diag.step, diag.window_steps = inputs.step, self.memory.ordered_steps()
+        diag.seconds = time.perf_counter() - start
+        self.last_diagnostics = diag
+        return diag.weights
+
+    # ------------------------------------------------------------------ the server round
+
+    def _new_block(self, dim: int) -> TSBlock:
+        if self.warm_start and self.block is not None and self.block.dim == dim:
+            return self.block
+        block = TSBlock(dim, temporal=self.temporal, bias=self.bias)
+        if self.warm_start:
+            self.block = block
+        return block
+
+    def _masks(self, out: TSBlockOutput, x: torch.Tensor, generator: torch.Generator):
+        """M^cur, M^tem, M^spa for the augmented pass, from this iteration's (detached) unmasked attention."""
+        base = out.temporal_output[-1] if self.graph_on == "temporal" else x[-1]
+        current = similarity_mask(base)
+        temporal_mask = None
+        if self.temporal:
+            temporal_mask = sample_temporal_mask(out.temporal_attention, generator, self.augmentation,
+                                                 self.temporal_drop)
+        spatial_mask = sample_spatial_mask(out.spatial_attention[-1], current, generator, self.augmentation,
+                                           self.edge_drop, self.edge_add)
+        return current, temporal_mask, spatial_mask
+
+    def _train_block(self, x: torch.Tensor, generator: torch.Generator) -> FedTSADiagnostics:
+        """Train a TS-Block on X [T', N, D] and return W (the diagnostics carry it and the internals)."""
+        block = self._new_block(x.shape[-1])
+        lam = self.lam if self.augment else 0.0
+        steps = self.server_steps if self.trained else 0
+        losses = np.zeros((3, steps))
+        masks = (similarity_mask(x[-1]), None, None)
+        selected = (float("inf"), None, -1)  # (loss, block output, iteration)
+        optimizer = torch.optim.Adam(block.parameters(), lr=self.lr) if steps else None
+        for it in range(steps):
+            out = block(x)
+            loss_reg = F.mse_loss(out.output, x)
+            loss_rob = torch.zeros(())
+            if lam > 0:
+                masks = self._masks(out, x, generator)
+                aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores)
+                loss_rob = F.mse_loss(out.output, aug.output)
+            loss = loss_reg + lam * loss_rob
+            losses[:, it] = (loss.item(), loss_reg.item(), loss_rob.item())
+            if self.select == "best" and loss.item() < selected[0]:
+                selected = (loss.item(), detached_attention(out), it)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now
+            with torch.no_grad():
+                selected = (float("nan"), detached_attention(block(x)), -1)
+        spatial, temporal = selected[1]
+        weights = spatial[-1].float()
+        weights = weights / weights.sum(1, keepdim=True)  # exact row sums after float rounding
+        return FedTSADiagnostics(-1, np.zeros(0), weights, spatial, temporal, masks[0], masks[2], masks[1],
+                                 losses[0], losses[1], losses[2], selected[2], 0.0)
+
+    # ------------------------------------------------------------------ memory
+
+    def state_dict(self) -> dict:
+        """The memory bank (and the block with ``warm_start``); random draws derive from (seed, step), nothing else."""
+        return {"memory": self.memory.state_dict(),
+                "block": None if self.block is None else {k: v.clone() for k, v in self.block.state_dict().items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.load_state_dict(state["memory"])
+        self.block = None
+        if state.get("block") is not None:
+            dim = state["block"]["spatial_query.weight"].shape[0]
+            self.block = TSBlock(dim, temporal=self.temporal, bias=self.bias)
+            self.block.load_state_dict(state["block"])

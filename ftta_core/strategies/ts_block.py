@@ -1,0 +1,177 @@
+"""FedTSA's temporal-spatial attention block (TS-Block) and its heterogeneity-aware augmentation masks.
+
+Shapes: a memory window X [T, N, D] (T steps, oldest first; N clients; D indicator features). Temporal attention is
+computed per client over its T steps ([N, T, T]), spatial attention per step over the N clients ([T, N, N]).
+Masks are boolean: True = the entry takes part in the attention.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+MASK_MODES = ("exclude", "hadamard")
+AUGMENTATIONS = ("bernoulli", "count")
+
+
+@dataclass
+class TSBlockOutput:
+    """What one pass of the TS-Block produced (attention matrices are row-stochastic over the last dimension)."""
+
+    output: torch.Tensor  # X_TSA [T, N, D]
+    temporal_output: torch.Tensor  # X_TA [T, N, D]
+    temporal_scores: Optional[torch.Tensor]  # A^(T) before softmax [N, T, T] (None without temporal module)
+    temporal_attention: Optional[torch.Tensor]  # softmax(A^(T) (masked)) [N, T, T]
+    spatial_attention: torch.Tensor  # softmax(A^(S) (masked)) [T, N, N]
+
+
+def identity_linear(dim: int, bias: bool) -> nn.Linear:
+    """A ``Linear(dim, dim)`` initialised to the identity map (zero bias)."""
+    layer = nn.Linear(dim, dim, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(dim))
+        if layer.bias is not None:
+            layer.bias.zero_()
+    return layer
+
+
+def masked_softmax(scores: torch.Tensor, mask: Optional[torch.Tensor], mode: str = "exclude") -> torch.Tensor:
+    """Softmax over the last dim; ``mask`` (bool, broadcastable) removes entries ('exclude': score -> -inf, as the
+    FedTSA code does) or multiplies the scores by 0/1 before the softmax ('hadamard': Eqs. 16-17 read literally)."""
+    if mask is None:
+        return torch.softmax(scores, dim=-1)
+    if mode == "exclude":
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    if mode == "hadamard":
+        return torch.softmax(scores * mask.to(scores.dtype), dim=-1)
+    raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mode!r}")
+
+
+class TSBlock(nn.Module):
+    """Temporal self-attention per client (Eqs. 9-11), then spatial self-attention per step (Eqs. 12-14).
+
+    Q and K are learnable ``Linear(D, D)`` initialised to the identity; V is the identity and stays fixed (the
+    code's frozen ``fc_v``/``geo_v``), so values are the inputs themselves. ``temporal=False`` drops the temporal
+    module (ablation 'w/o time': X_TA = X). ``bias`` adds learnable Q/K biases (the code has them, the paper not).
+    """
+
+    def __init__(self, dim: int, temporal: bool = True, bias: bool = False) -> None:
+        super().__init__()
+        self.dim, self.temporal = dim, temporal
+        if temporal:
+            self.temporal_query = identity_linear(dim, bias)
+            self.temporal_key = identity_linear(dim, bias)
+        self.spatial_query = identity_linear(dim, bias)
+        self.spatial_key = identity_linear(dim, bias)
+
+    def temporal_scores(self, x: torch.Tensor) -> torch.Tensor:
+        """A^(T)_i = Q_i K_i^T / sqrt(D) for every client i (Eq. 10): [T, N, D] -> [N, T, T]."""
+        xc = x.transpose(0, 1)  # [N, T, D]
+        return self.temporal_query(xc) @ self.temporal_key(xc).transpose(1, 2) / math.sqrt(self.dim)
+
+    def spatial_scores(self, x_ta: torch.Tensor) -> torch.Tensor:
+        """A^(S)_t = Q_t K_t^T / sqrt(D) for every step t (Eq. 13): [T, N, D] -> [T, N, N]."""
+        return self.spatial_query(x_ta) @ self.spatial_key(x_ta).transpose(1, 2) / math.sqrt(self.dim)
+
+    def forward(self, x: torch.Tensor, temporal_mask: Optional[torch.Tensor] = None,
+                spatial_mask: Optional[torch.Tensor] = None, mask_mode: str = "exclude",
+                temporal_scores: Optional[torch.Tensor] = None) -> TSBlockOutput:
+        """X [T, N, D] -> X_TSA; masks [N, T, T] and [N, N] (or [T, N, N]) give the augmented pass (Eqs. 16-17).
+
+        ``temporal_scores`` lets a second (masked) pass reuse the first pass's A^(T): both see the same X.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"TS-Block expects X [T, N, {self.dim}], got {tuple(x.shape)}")
+        if self.temporal:
+            scores_t = self.temporal_scores(x) if temporal_scores is None else temporal_scores
+            att_t = masked_softmax(scores_t, temporal_mask, mask_mode)  # [N, T, T]
+            x_ta = (att_t @ x.transpose(0, 1)).transpose(0, 1)  # Eq. 11 / 16: [T, N, D]
+        else:
+            scores_t, att_t, x_ta = None, None, x
+        att_s = masked_softmax(self.spatial_scores(x_ta), spatial_mask, mask_mode)  # [T, N, N]
+        return TSBlockOutput(att_s @ x_ta, x_ta, scores_t, att_t, att_s)  # Eq. 14 / 17
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Heterogeneity-aware augmentation (Sec. 4.4.2): which attention entries the augmented pass keeps.
+
+
+def similarity_mask(indicators: torch.Tensor) -> torch.Tensor:
+    """M^cur (Eq. 15): ``cos(p_i, p_j) >= tau`` with tau = the mean of the N x N cosine matrix (diagonal included)."""
+    flat = indicators.detach().double()
+    norms = flat.norm(dim=1)
+    denom = (norms[:, None] * norms[None, :]).clamp_min(1e-12)
+    cos = torch.where(denom > 1e-12, flat @ flat.T / denom, torch.zeros(()).double())
+    return cos >= cos.mean()
+
+
+def weighted_choice(weights: torch.Tensor, k: int, generator: torch.Generator,
+                    candidates: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Bool mask [..., M] of ``k`` entries per row drawn without replacement, each draw proportional to ``weights``
+    among the remaining ``candidates`` (Efraimidis-Spirakis keys log(u)/w; same law as numpy ``choice(p=...)``).
+
+    Weights are clamped to >= 1e-12 so that zero-weight candidates are drawn last rather than never.
+    """
+    u = torch.rand(weights.shape, generator=generator, dtype=torch.float64).clamp_min(1e-300)
+    keys = u.log() / weights.detach().double().cpu().clamp_min(1e-12)
+    if candidates is not None:
+        keys = keys.masked_fill(~candidates, float("-inf"))
+    out = torch.zeros(weights.shape, dtype=torch.bool)
+    if k <= 0:
+        return out
+    top = keys.topk(k, dim=-1).indices
+    return out.scatter(-1, top, True)
+
+
+def sample_temporal_mask(attention: torch.Tensor, generator: torch.Generator, augmentation: str = "bernoulli",
+                         drop: float = 0.75) -> torch.Tensor:
+    """M^tem [N, T, T] from the temporal attention a^(T) [N, T, T]; the diagonal is always kept.
+
+    'bernoulli' (paper): entry kept with probability a_{t_i t_j}. 'count' (code ``aug_temporal``): per client,
+    ``int(T*T*drop)`` of the T*T entries are masked, drawn without replacement with probability proportional to
+    1 - a, then the diagonal is restored (so between that count and that count minus T off-diagonal entries go).
+    """
+    n, t, _ = attention.shape
+    a = attention.detach().double().cpu()
+    eye = torch.eye(t, dtype=torch.bool).expand(n, t, t)
+    if augmentation == "bernoulli":
+        keep = torch.rand(a.shape, generator=generator, dtype=torch.float64) < a
+    elif augmentation == "count":
+        dropped = weighted_choice((1 - a).reshape(n, t * t), int(t * t * drop), generator).view(n, t, t)
+        keep = ~dropped
+    else:
+        raise ValueError(f"augmentation must be one of {AUGMENTATIONS}, got {augmentation!r}")
+    return keep | eye
+
+
+def sample_spatial_mask(attention: torch.Tensor, current: torch.Tensor, generator: torch.Generator,
+                        augmentation: str = "bernoulli", edge_drop: float = 0.8, edge_add: float = 0.2
+                        ) -> torch.Tensor:
+    """M^spa [N, N] refining M^cur (``current``) with the spatial attention a^(S) [N, N]; self-edges always kept.
+
+    'bernoulli' (paper): an edge of M^cur is dropped with probability 1 - a_ij, a non-edge is added with probability
+    a_ij. (Read literally, both make entry ij present with probability a_ij, whatever M^cur says.)
+    'count' (code ``aug_spatiol``): ``int(edges*edge_drop)`` off-diagonal edges are dropped, drawn proportional to
+    1 - a_ij, and ``int(non_edges*edge_add)`` non-edges are added, drawn proportional to a_ij.
+    """
+    n = attention.shape[0]
+    a = attention.detach().double().cpu()
+    eye = torch.eye(n, dtype=torch.bool)
+    edges = current.cpu().bool() & ~eye
+    non_edges = ~current.cpu().bool() & ~eye
+    if augmentation == "bernoulli":
+        u = torch.rand(a.shape, generator=generator, dtype=torch.float64)
+        kept = edges & (u >= 1 - a)  # dropped with probability 1 - a_ij
+        added = non_edges & (u < a)  # added with probability a_ij
+    elif augmentation == "count":
+        dropped = weighted_choice((1 - a).reshape(-1), int(int(edges.sum()) * edge_drop), generator,
+                                  edges.reshape(-1)).view(n, n)
+        added = weighted_choice(a.reshape(-1), int(int(non_edges.sum()) * edge_add), generator,
+                                non_edges.reshape(-1)).view(n, n)
+        kept = edges & ~dropped
+    else:
+        raise ValueError(f"augmentation must be one of {AUGMENTATIONS}, got {augmentation!r}")
+    return kept | added | eye
