@@ -98,30 +98,22 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    import torch
-
     from .data import load_dataset
+    from .evaluation import source_metrics
     from .experiment import resolve_device
-    from .training import CHECKPOINT_DIR, SOURCE_MODELS, evaluate, save_checkpoint, source_card, train_model
-    from .evaluation import corrupted_accuracy
+    from .training import CHECKPOINT_DIR, SOURCE_MODELS, save_checkpoint, source_card, train_model
 
     spec = SOURCE_MODELS[args.model]
     device = resolve_device(args.device)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     train = load_dataset(spec.dataset, "train", **spec.dataset_kwargs)
     test = load_dataset(spec.dataset, "test", **spec.dataset_kwargs)
     t0 = time.perf_counter()
     model = train_model(spec, train, seed=args.seed, device=device, epochs=args.epochs)
     wall = time.perf_counter() - t0
-    metrics = {"clean_test_accuracy": round(100 * evaluate(model, test, device=device), 2),
-               "epochs": args.epochs or spec.epochs, "device": device}
     command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    out_dir = args.out_dir or CHECKPOINT_DIR
-    save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics), out_dir)
-    metrics["corrupted_accuracy_severity5"] = corrupted_accuracy(model, test, severity=5, device=device)
-    vals = list(metrics["corrupted_accuracy_severity5"].values())
-    metrics["corrupted_mean_accuracy_severity5"] = round(sum(vals) / len(vals), 2)
-    path = save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics), out_dir)
+    metrics = {"epochs": args.epochs or spec.epochs, "device": device, **source_metrics(model, test, device=device)}
+    path = save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics),
+                           args.out_dir or CHECKPOINT_DIR)
     print(json.dumps(metrics, indent=2))
     print(f"wrote {path}")
     return 0
@@ -139,20 +131,35 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .data import load_dataset
-    from .evaluation import corrupted_accuracy
+    from .evaluation import source_metrics
     from .experiment import resolve_device
-    from .training import SOURCE_MODELS, evaluate, load_source_model
+    from .training import SOURCE_MODELS, load_source_model
 
     if args.model not in SOURCE_MODELS:
         print(f"error: unknown model {args.model!r}; valid: {sorted(SOURCE_MODELS)}", file=sys.stderr)
         return 2
     spec = SOURCE_MODELS[args.model]
     device = resolve_device(args.device)
-    model = load_source_model(args.model, device=device)
     test = load_dataset(spec.dataset, "test", **spec.dataset_kwargs)
-    print(f"clean: {100 * evaluate(model, test, device=device):.2f}")
-    for k, v in corrupted_accuracy(model, test, severity=args.severity, device=device).items():
-        print(f"{k}: {v:.2f}")
+    metrics = source_metrics(load_source_model(args.model, device=device), test, args.severity, device=device)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def _add_cards(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cards", help="render data/checkpoints/README.md from the model cards",
+                       description="Write a markdown overview of every source-model card (JSON) in the checkpoint "
+                                   "folder to README.md there.")
+    p.add_argument("--dir", type=Path, default=None, help="checkpoint folder (default data/checkpoints)")
+    p.set_defaults(func=cmd_cards)
+
+
+def cmd_cards(args: argparse.Namespace) -> int:
+    from .training import CHECKPOINT_DIR, render_cards
+
+    directory = args.dir or CHECKPOINT_DIR
+    (directory / "README.md").write_text(render_cards(directory))
+    print(f"wrote {directory / 'README.md'}")
     return 0
 
 
@@ -244,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
                                      "workbook. Every command has --help.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_run, _add_train, _add_eval, _add_gallery, _add_notebooks, _add_fedtsa_table):
+    for add in (_add_run, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table):
         add(sub)
     return parser
 

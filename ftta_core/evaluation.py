@@ -23,3 +23,11 @@ def corrupted_accuracy(model: nn.Module, test: ImageArray, severity: int = 5, se
         shifted = ImageArray(f"{test.name}-{name}", domains.domain_images(d), test.labels, test.class_names)
         out[name] = round(100 * evaluate(model, shifted, device=device), 2)
     return out
+
+
+def source_metrics(model: nn.Module, test: ImageArray, severity: int = 5, device: str = "cpu") -> Dict[str, object]:
+    """Clean accuracy, accuracy under every corruption at ``severity`` and their mean (the model card numbers)."""
+    per_corruption = corrupted_accuracy(model, test, severity=severity, device=device)
+    return {"clean_test_accuracy": round(100 * evaluate(model, test, device=device), 2),
+            f"corrupted_accuracy_severity{severity}": per_corruption,
+            f"corrupted_mean_accuracy_severity{severity}": round(sum(per_corruption.values()) / len(per_corruption), 2)}

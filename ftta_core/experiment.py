@@ -141,6 +141,17 @@ class ExperimentConfig:
         return cls(**data)
 
 
+def strategy_params(cfg: ExperimentConfig) -> Dict[str, Any]:
+    """The strategy's parameters; a strategy that draws random numbers gets the run's seed unless given one."""
+    from .registry import accepts
+    from .strategies import STRATEGIES
+
+    params = dict(cfg.strategy_params)
+    if accepts(STRATEGIES, cfg.strategy, "seed"):
+        params.setdefault("seed", cfg.seed)
+    return params
+
+
 def build_scenario(cfg: ExperimentConfig) -> Scenario:
     """The scenario the config names."""
     names = cfg.corruption_list
@@ -217,7 +228,7 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     stream = stream or build_stream(cfg, device, data_root)
     torch.manual_seed(derive_seed(cfg.seed, "engine"))
     engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
-                    build_strategy(cfg.strategy, **cfg.strategy_params), cfg.clients, cfg.backend, device)
+                    build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, cfg.backend, device)
     n_steps = min(len(stream), cfg.max_steps or len(stream))
     if cfg.smoke:
         n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)

@@ -22,3 +22,8 @@ def build_named(kind: str, registry: Mapping[str, Callable[..., T]], name: str, 
         return factory(**params)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{kind}_params for {name!r}: {exc}") from None
+
+
+def accepts(registry: Mapping[str, Callable[..., T]], name: str, parameter: str) -> bool:
+    """Whether ``registry[name]`` takes a keyword ``parameter`` (e.g. ``seed``)."""
+    return name in registry and parameter in inspect.signature(registry[name]).parameters

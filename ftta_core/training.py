@@ -139,3 +139,33 @@ def source_card(spec: SourceSpec, seed: int, command: str, wall_s: float, metric
     return {"name": spec.name, "spec": asdict(spec), "seed": seed, "command": command,
             "train_wall_s": round(wall_s, 1), "torch": torch.__version__, "machine": platform.machine(),
             "trained_at": time.strftime("%Y-%m-%d"), **metrics}
+
+
+# FedTSA Table 1 No-Adapt accuracy of its ResNet-8 on CIFAR-10-C, severity 5 (quoted for comparison)
+PAPER_NO_ADAPT = {"resnet8_cifar10": ("FedTSA Table 1 No-Adapt (their ResNet-8)", 35.19)}
+
+
+def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
+    """A markdown overview of every model card in ``directory`` (numbers read from the JSON cards)."""
+    lines = ["# Source models", "", "Checkpoints (`NAME.pt`, state dict) and their cards (`NAME.json`). Regenerate this "
+             "page with `python -m ftta_core cards`; retrain a model with the command in its card.", ""]
+    for path in sorted(directory.glob("*.json")):
+        card = json.loads(path.read_text())
+        spec = card["spec"]
+        lines += [f"## {card['name']}", "",
+                  f"- architecture `{spec['arch']}`, trained on `{spec['dataset']}` (train split) for {card['epochs']} "
+                  f"epochs, batch {spec['batch_size']}, SGD+Nesterov lr {spec['lr']} one-cycle, weight decay "
+                  f"{spec['weight_decay']}, crop padding {spec['crop_padding']}, flip {spec['flip']}; seed {card['seed']}",
+                  f"- command: `{card['command']}` ({card['train_wall_s']} s on {card['device']}, torch {card['torch']})",
+                  f"- clean test accuracy: **{card['clean_test_accuracy']:.2f}%**"]
+        corrupted = card.get("corrupted_accuracy_severity5")
+        if corrupted:
+            lines.append(f"- no-adaptation accuracy under the 15 corruptions at severity 5: mean "
+                         f"**{card['corrupted_mean_accuracy_severity5']:.2f}%**")
+            if card["name"] in PAPER_NO_ADAPT:
+                label, value = PAPER_NO_ADAPT[card["name"]]
+                lines.append(f"- {label}: {value:.2f}% (difference {card['corrupted_mean_accuracy_severity5'] - value:+.2f})")
+            lines += ["", "| " + " | ".join(corrupted) + " |", "|" + "---|" * len(corrupted),
+                      "| " + " | ".join(f"{v:.1f}" for v in corrupted.values()) + " |"]
+        lines.append("")
+    return "\n".join(lines)

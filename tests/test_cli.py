@@ -7,7 +7,7 @@ import pytest
 
 from ftta_core.cli import build_parser, main
 
-COMMANDS = ["run", "train-source", "eval-source", "gallery", "notebooks", "fedtsa-table"]
+COMMANDS = ["run", "train-source", "eval-source", "cards", "gallery", "notebooks", "fedtsa-table"]
 
 
 def test_top_level_help_lists_every_command():

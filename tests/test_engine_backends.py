@@ -19,6 +19,10 @@ LOCAL_CONFIGS = {
 }
 
 
+# keep the server-side training short in these agreement tests
+STRATEGY_PARAMS = {"fedtsa": {"server_steps": 5}}
+
+
 def local_for(key):
     name = "tent" if key == "tent_bn_affine" else key
     return build_local(name, **LOCAL_CONFIGS[key])
@@ -26,7 +30,8 @@ def local_for(key):
 
 def run(model, local_key, strategy, backend, batches):
     torch.manual_seed(0)
-    eng = Engine(model, local_for(local_key), build_strategy(strategy), n_clients=4, backend=backend)
+    eng = Engine(model, local_for(local_key), build_strategy(strategy, **STRATEGY_PARAMS.get(strategy, {})),
+                 n_clients=4, backend=backend)
     return [eng.step(b) for b in batches]
 
 

@@ -50,7 +50,7 @@ class IndicatorMemory:
         return min(self.count, self.window)
 
     def push(self, step: int, indicators: torch.Tensor, valid: Optional[torch.Tensor] = None) -> None:
-        """Store this step's indicators [N, D]; a rejected or non-finite row repeats the client's previous row (or 0)."""
+        """Store this step's indicators [N, D]; a rejected or non-finite row repeats its previous row (or 0)."""
         x = indicators.detach().float().cpu()
         ok = torch.isfinite(x).all(1)
         if valid is not None:
@@ -137,9 +137,20 @@ class FedTSA(Strategy):
     the attention after the last update); the published code's choices are options: ``window=5, lam=0.1, lr=1e-4,
     augmentation='count', select='best', bias=True`` (its internal version: window 10, lam 0.5).
 
+    Parameters: ``window`` T (steps kept in the memory bank and fed to the block; fewer at the start);
+    ``lam`` lambda of Eq. 18; ``lr`` Adam learning rate; ``server_steps`` Adam steps per round; ``augmentation``
+    'bernoulli' (paper: entries kept with probability = attention) or 'count' (code: fixed numbers drawn without
+    replacement, ``temporal_drop`` of the T*T temporal entries, ``edge_drop`` of the M^cur edges, ``edge_add`` of
+    its non-edges); ``mask_mode`` 'exclude' (masked scores -> -inf, code) or 'hadamard' (Eqs. 16-17 literally);
+    ``select`` 'final' (attention after the last update, paper) or 'best' (attention of the lowest-loss iteration,
+    code); ``graph_on`` M^cur from the raw current indicators (Eq. 15) or from the temporal-attention output at
+    the current step (the code's default branch); ``bias`` learnable Q/K biases (code); ``warm_start`` keep the
+    block between rounds (a fresh Adam each round) instead of a fresh identity-initialised block (paper, code);
+    ``seed`` mask draws come from ``torch_generator(seed, 'fedtsa', step)``.
+
     Variants (Fig. 3): 'full'; 'w/o time' (no temporal module; the spatial block still trains on the T-step window);
     'w/o aug' (lam = 0); 'S-sim' (W = row-softmax of the cosine similarity of the current indicators, untrained);
-    'TS-sim' (the identity-initialised TS-Block, untrained).
+    'TS-sim' (the identity-initialised TS-Block, untrained). ``last_diagnostics`` holds the last round's internals.
     """
 
     name = "fedtsa"
@@ -235,7 +246,7 @@ class FedTSA(Strategy):
         steps = self.server_steps if self.trained else 0
         losses = np.zeros((3, steps))
         masks = (similarity_mask(x[-1]), None, None)
-        selected = (float("inf"), None, -1)  # (loss, block output, iteration)
+        selected = (float("inf"), None, -1)  # (loss, (spatial, temporal) attention, iteration)
         optimizer = torch.optim.Adam(block.parameters(), lr=self.lr) if steps else None
         for it in range(steps):
             out = block(x)
