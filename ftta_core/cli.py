@@ -216,6 +216,8 @@ def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, dest="max_steps", help="truncate the stream (smoke runs)")
     p.add_argument("--results", type=Path, required=True, help="folder of per-run summaries (cache)")
     p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
+    p.add_argument("--only-cached", action="store_true", dest="only_cached",
+                   help="run nothing: tabulate the runs already stored under --results")
     p.set_defaults(func=cmd_fedtsa_table)
 
 
@@ -232,7 +234,7 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
                                 images_per_client=500, severity=5, device=args.device, backend=args.backend,
                                 max_steps=args.max_steps, **TTA_SETTINGS[args.tta])
         variants = {s: {"strategy": s} for s in args.strategies}
-        g = run_grid(base, variants, args.seeds, results_dir=args.results)
+        g = run_grid(base, variants, args.seeds, results_dir=args.results, only_cached=args.only_cached)
         frames.append(g.rename(columns={"variant": "strategy"}).assign(setting=setting))
     grid = pd.concat(frames, ignore_index=True)
     table = beside_fedtsa_table1(grid, args.dataset, args.tta, args.strategies)

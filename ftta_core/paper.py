@@ -42,7 +42,12 @@ def beside_fedtsa_table1(grid: pd.DataFrame, dataset: str, tta: str, methods: Se
         if g.empty:
             continue
         src = g.groupby("seed")["accuracy_source"].first()
-        entries = [("No-Adapt", src)] + [(METHOD_LABELS.get(m, m), g[g.strategy == m]["accuracy"]) for m in methods]
+        entries = [("No-Adapt", src)]
+        if tta == "bn" and "local" not in methods:
+            # under TTA-bn a client's prediction before mixing does not depend on the strategy (no state is
+            # carried between steps), so every run's accuracy_local is the Local number of its seed
+            entries.append(("Local", g.groupby("seed")["accuracy_local"].first()))
+        entries += [(METHOD_LABELS.get(m, m), g[g.strategy == m]["accuracy"]) for m in methods]
         for label, values in entries:
             if values.empty:
                 continue

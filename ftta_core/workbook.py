@@ -20,12 +20,14 @@ def config_key(cfg: ExperimentConfig) -> str:
 
 
 def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
-             results_dir: Optional[Path] = None, progress: bool = True, keep: bool = False) -> pd.DataFrame:
+             results_dir: Optional[Path] = None, progress: bool = True, keep: bool = False,
+             only_cached: bool = False) -> pd.DataFrame:
     """Run every variant (name -> config overrides) for every seed; one row per run.
 
     With ``results_dir`` each finished run's summary is stored under its config hash, so an interrupted grid
     resumes where it stopped and a rerun with the same configs reads the stored numbers.
     With ``keep`` the full ``Results`` of each run are attached as ``grid.attrs['results'][(name, seed)]``.
+    With ``only_cached`` nothing runs: the table holds the runs already stored under ``results_dir``.
     """
     rows, kept = [], {}
     jobs = [(name, seed) for name in variants for seed in seeds]
@@ -38,6 +40,8 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
         path = Path(results_dir) / f"{config_key(cfg)}.json" if results_dir is not None else None
         if path is not None and path.exists() and not keep:
             summary = json.loads(path.read_text())
+        elif only_cached:
+            continue
         else:
             res = run_experiment(cfg)
             summary = res.summary
@@ -47,7 +51,7 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(summary, indent=1, default=float))
         rows.append({"variant": name, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(rows, columns=["variant", "seed", *SUMMARY_KEYS]) if not rows else pd.DataFrame(rows)
     table.attrs["results"] = kept
     return table
 

@@ -47,3 +47,13 @@ def test_paper_numbers_are_the_fedtsa_table():
     assert t.loc[("Local", "cifar10", "niid", "bn"), "mean"] == 56.93
     assert t.loc[("FedAvg", "cifar10", "iid", "bn"), "mean"] == 61.29
     assert len(t) == 12 * 8
+
+
+def test_local_row_is_derived_from_accuracy_local_under_tta_bn():
+    from ftta_core.paper import beside_fedtsa_table1
+
+    grid = pd.DataFrame({"strategy": ["fedavg", "fedavg"], "setting": ["niid", "niid"], "seed": [0, 1],
+                         "accuracy": [50.0, 52.0], "accuracy_local": [55.0, 57.0], "accuracy_source": [30.0, 31.0]})
+    t = beside_fedtsa_table1(grid, "cifar10", "bn", ["fedavg"]).set_index("method")
+    assert t.loc["Local", "ours_mean"] == 56.0 and t.loc["Local", "paper_mean"] == 56.93
+    assert t.loc["No-Adapt", "ours_mean"] == 30.5 and t.loc["FedAvg", "ours_mean"] == 51.0
