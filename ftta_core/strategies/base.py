@@ -173,6 +173,9 @@ def similarity_gram(inputs: ServerInputs, on: str, reference: Optional[StateDict
     to the FedAvg mean of the current state (so the first step compares deviations from the mean).
     """
     valid = inputs.valid
+    if on in ("state", "update") and not inputs.state:
+        # the local method shares nothing (e.g. no adaptation): no similarity information, all zeros
+        return torch.zeros(valid.shape[0], valid.shape[0], dtype=torch.float64)
     if on == "indicator":
         if "indicator" not in inputs.uploads:
             raise KeyError("similarity on 'indicator' needs the 'indicator' upload")
