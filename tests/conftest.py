@@ -38,3 +38,12 @@ def shifted_batches(n_clients: int = 4, batch: int = 8, steps: int = 3, seed: in
         x = (x * scale + (1 - scale) * 0.5).clamp(0, 1)
         out.append(StreamBatch(t, x, y.view(n_clients, batch), domains, idx))
     return out
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread is faster and does not fight other jobs for the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -20,13 +20,7 @@ from ftta_core.tta import build_local
 LOCALS = {"bn": {}, "tent": {"params": "all", "lr": 1e-3}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not fight other jobs for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

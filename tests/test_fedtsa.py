@@ -25,13 +25,7 @@ DRAWS = 4000
 TOL = 5 * 0.5 / math.sqrt(DRAWS)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not fight other jobs for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def indicators(seed: int, n: int = 6, d: int = 8) -> torch.Tensor:

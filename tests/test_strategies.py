@@ -30,13 +30,7 @@ N = 5
 # ---------------------------------------------------------------- helpers
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster and does not fight other jobs for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_inputs(seed: int, kind: str = "params", n: int = N, step: int = 0, valid=None) -> ServerInputs:

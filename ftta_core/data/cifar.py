@@ -20,6 +20,7 @@ import numpy as np
 from .base import ImageArray
 from .cache import load_packed, read_npz
 from .root import DatasetNotFoundError, PathLike, data_root, manifest_entry
+from ..validation import check_choice
 
 SPLITS = ("train", "test")
 CIFAR10_FOLDER = "cifar-10-batches-py"
@@ -93,8 +94,7 @@ def load_cifar100(split: str = "test", root: PathLike | None = None) -> ImageArr
 
 def _check_split(split: str) -> None:
     """Raise ValueError unless ``split`` is "train" or "test"."""
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_choice("split", split, SPLITS)
 
 
 def _load_python_batches(layout: PythonBatchLayout, base: Path, split: str) -> ImageArray:

@@ -26,6 +26,7 @@ from ..rng import numpy_generator
 from .base import ImageArray
 from .cache import cached_arrays, file_fingerprint, gray_to_rgb, load_packed, read_npz, resize_array, sha256_hex, verify
 from .root import DatasetNotFoundError, PathLike, data_root, manifest_entry
+from ..validation import check_choice
 
 DIGIT_DOMAINS = ("mnist", "usps", "mnistm", "sklearn_digits")
 DIGITS_PACKED = "digits/digits.npz"
@@ -60,8 +61,7 @@ def stratified_split(labels: np.ndarray, n_train: int, seed: int, *keys: str | i
 
 def load_digit_domain(name: str, split: str, size: int = 32, root: PathLike | None = None) -> ImageArray:
     """Digit domain ``name`` (mnist | usps | mnistm | sklearn_digits), ``split`` train|test, RGB [N,size,size,3]."""
-    if name not in DIGIT_DOMAINS:
-        raise ValueError(f"digit domain must be one of {DIGIT_DOMAINS}, got {name!r}")
+    check_choice("digit domain", name, DIGIT_DOMAINS)
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if name == "sklearn_digits":

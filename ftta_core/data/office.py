@@ -24,6 +24,7 @@ from PIL import Image
 from .base import ImageArray
 from .cache import cached_arrays, load_packed, pil_to_array, read_npz
 from .root import DatasetNotFoundError, PathLike, data_root, manifest_entry
+from ..validation import check_choice
 
 OFFICE_DOMAINS = ("amazon", "caltech10", "dslr", "webcam")
 OFFICE_FOLDER = "office_caltech10"
@@ -38,8 +39,7 @@ OFFICE_HOW_TO_GET = (
 
 def load_office_caltech10(domain: str, root: PathLike | None = None, size: int = 64) -> ImageArray:
     """All images of one Office-Caltech-10 ``domain`` as RGB uint8 [N, size, size, 3] with labels 0..9."""
-    if domain not in OFFICE_DOMAINS:
-        raise ValueError(f"domain must be one of {OFFICE_DOMAINS}, got {domain!r}")
+    check_choice("domain", domain, OFFICE_DOMAINS)
     if size < 1:
         raise ValueError(f"size must be positive, got {size}")
     base = data_root(root)

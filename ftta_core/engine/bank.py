@@ -16,6 +16,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .layers import BN_MODES, ClientBatchNorm2d, ClientConv2d, ClientLinear, StatBatchNorm2d
+from ..validation import check_choice
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,7 @@ class ClientBank(ABC):
 
 
 def _check_mode(bn_mode: str) -> None:
-    if bn_mode not in BN_MODES:
-        raise ValueError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r}")
+    check_choice("bn_mode", bn_mode, BN_MODES)
 
 
 class VectorizedBank(ClientBank):

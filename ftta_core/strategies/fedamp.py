@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_choice
 from .base import (SIMILARITY_SOURCES, RemembersStates, ServerInputs, Strategy, cosine_from_gram, distance_from_gram,
                    masked_row_softmax, similarity_gram)
 
@@ -35,10 +36,8 @@ class FedAMP(RemembersStates, Strategy):
                  temperature: float = 1.0) -> None:
         if not 0.0 <= self_weight <= 1.0:
             raise ValueError(f"self_weight must be in [0, 1], got {self_weight}")
-        if similarity_on not in SIMILARITY_SOURCES:
-            raise ValueError(f"similarity_on must be one of {SIMILARITY_SOURCES}, got {similarity_on!r}")
-        if metric not in METRICS:
-            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        check_choice("similarity_on", similarity_on, SIMILARITY_SOURCES)
+        check_choice("metric", metric, METRICS)
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.self_weight, self.similarity_on, self.metric, self.temperature = (self_weight, similarity_on, metric,

@@ -39,6 +39,7 @@ import torch
 from ..engine.bank import ClientBank, ForwardOutput
 from ..rng import torch_generator
 from .base import ServerInputs, Strategy, cosine_from_gram, distance_from_gram, gram_matrix, masked_row_softmax
+from ..validation import check_choice
 
 if TYPE_CHECKING:
     from ..tta.base import LocalMethod
@@ -100,12 +101,9 @@ class FedCTTA(Strategy):
                  probe_images: Optional[torch.Tensor] = None, seed: int = 0) -> None:
         if int(n_probes) != n_probes or n_probes < 1:
             raise ValueError(f"n_probes must be a positive integer, got {n_probes}")
-        if probes not in PROBE_SETS:
-            raise ValueError(f"probes must be one of {PROBE_SETS}, got {probes!r}")
-        if on not in STATISTICS:
-            raise ValueError(f"on must be one of {STATISTICS}, got {on!r}")
-        if distance not in DISTANCES:
-            raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
+        check_choice("probes", probes, PROBE_SETS)
+        check_choice("on", on, STATISTICS)
+        check_choice("distance", distance, DISTANCES)
         if distance in ("kl", "cross_entropy") and on != "logits":
             raise ValueError(f"distance {distance!r} compares class distributions: it needs on='logits'")
         if not temperature > 0:
@@ -114,8 +112,7 @@ class FedCTTA(Strategy):
             raise ValueError(f"ema must be None or in [0, 1), got {ema}")
         if int(interval) != interval or interval < 1:
             raise ValueError(f"interval must be a positive integer, got {interval}")
-        if probe_bn not in PROBE_BN:
-            raise ValueError(f"probe_bn must be one of {PROBE_BN}, got {probe_bn!r}")
+        check_choice("probe_bn", probe_bn, PROBE_BN)
         if probe_images is not None:
             probe_images = torch.as_tensor(probe_images).detach().clone().float()
             if probe_images.dim() != 4 or probe_images.shape[0] < 1:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..validation import check_choice
 from ..rng import torch_generator
 from .base import ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
 from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, sample_spatial_mask,
@@ -168,17 +169,13 @@ class FedTSA(Strategy):
             raise ValueError(f"lr must be positive, got {lr}")
         if server_steps < 0:
             raise ValueError(f"server_steps must be >= 0, got {server_steps}")
-        if augmentation not in AUGMENTATIONS:
-            raise ValueError(f"augmentation must be one of {AUGMENTATIONS}, got {augmentation!r}")
+        check_choice("augmentation", augmentation, AUGMENTATIONS)
         for label, rate in (("temporal_drop", temporal_drop), ("edge_drop", edge_drop), ("edge_add", edge_add)):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{label} must be in [0, 1], got {rate}")
-        if mask_mode not in MASK_MODES:
-            raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
-        if select not in SELECTIONS:
-            raise ValueError(f"select must be one of {SELECTIONS}, got {select!r}")
-        if graph_on not in GRAPH_SOURCES:
-            raise ValueError(f"graph_on must be one of {GRAPH_SOURCES}, got {graph_on!r}")
+        check_choice("mask_mode", mask_mode, MASK_MODES)
+        check_choice("select", select, SELECTIONS)
+        check_choice("graph_on", graph_on, GRAPH_SOURCES)
         self.variant = variant_name(variant)
         self.trained, self.temporal, self.augment = VARIANTS[self.variant]
         self.window, self.lam, self.lr, self.server_steps = int(window), float(lam), float(lr), int(server_steps)

@@ -6,6 +6,7 @@ from typing import Dict, Optional
 import torch
 
 from .base import ServerInputs, StateDict, Strategy, clone_state, is_bn_stats, size_fractions, weighted_mean_state
+from ..validation import check_choice
 
 BN_STATS_MODES = ("fedavg", "layerwise")
 REFERENCES = ("previous", "mean")
@@ -43,10 +44,8 @@ class LDAWA(Strategy):
     name = "ldawa"
 
     def __init__(self, reference: str = "previous", normalize: bool = True, bn_stats: str = "fedavg") -> None:
-        if reference not in REFERENCES:
-            raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
-        if bn_stats not in BN_STATS_MODES:
-            raise ValueError(f"bn_stats must be one of {BN_STATS_MODES}, got {bn_stats!r}")
+        check_choice("reference", reference, REFERENCES)
+        check_choice("bn_stats", bn_stats, BN_STATS_MODES)
         self.reference, self.normalize, self.bn_stats = reference, normalize, bn_stats
         self.global_model: Optional[StateDict] = None
         self._weights: Optional[Dict[str, torch.Tensor]] = None

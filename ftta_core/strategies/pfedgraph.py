@@ -6,6 +6,7 @@ import torch
 from .base import SIMILARITY_SOURCES, RemembersStates, ServerInputs, Strategy, cosine_from_gram, similarity_gram, \
     size_fractions
 from .simplex import graph_weights
+from ..validation import check_choice
 
 
 class PFedGraph(RemembersStates, Strategy):
@@ -23,8 +24,7 @@ class PFedGraph(RemembersStates, Strategy):
     def __init__(self, lam: float = 0.8, similarity_on: str = "update", clip: float = 0.9) -> None:
         if not lam > 0:
             raise ValueError(f"lam must be positive, got {lam}")
-        if similarity_on not in SIMILARITY_SOURCES:
-            raise ValueError(f"similarity_on must be one of {SIMILARITY_SOURCES}, got {similarity_on!r}")
+        check_choice("similarity_on", similarity_on, SIMILARITY_SOURCES)
         if not 0.0 <= clip <= 1.0:
             raise ValueError(f"clip must be in [0, 1], got {clip}")
         self.lam, self.similarity_on, self.clip = lam, similarity_on, clip

@@ -8,6 +8,7 @@ import torch
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
 from .base import RemembersStates
 from .basic import FedAvg
+from ..validation import check_choice
 
 TEACHERS = ("local", "received")
 
@@ -34,8 +35,7 @@ class PFedSD(RemembersStates, FedAvg):
             raise ValueError(f"lam must be >= 0, got {lam}")
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
-        if teacher not in TEACHERS:
-            raise ValueError(f"teacher must be one of {TEACHERS}, got {teacher!r}")
+        check_choice("teacher", teacher, TEACHERS)
         self.lam, self.temperature, self.teacher = lam, temperature, teacher
         self.keep = (teacher,)
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn, OptimizerSpec
+from ..validation import check_choice
 
 PARAM_GROUPS = ("bn_affine", "all")
 
@@ -76,8 +77,7 @@ class GradientMethod(LocalMethod):
 
     def __init__(self, params: str = "all", optimizer: str = "sgd", lr: float = 1e-4, momentum: float = 0.0,
                  weight_decay: float = 0.0, steps: int = 1) -> None:
-        if params not in PARAM_GROUPS:
-            raise ValueError(f"params must be one of {PARAM_GROUPS}, got {params!r}")
+        check_choice("params", params, PARAM_GROUPS)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.params = params
