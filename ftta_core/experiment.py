@@ -14,7 +14,8 @@ import pandas as pd
 import torch
 
 from .engine.loop import Engine, StepResult
-from .scenarios import Scenario, client_image_pools, dirichlet_client_pools, fedtsa_scenario, heterogeneity_scenario
+from .scenarios import (Scenario, client_image_pools, dirichlet_client_pools, fedctta_scenario, fedtsa_scenario,
+                        heterogeneity_scenario)
 from .stream import CLEAN, CorruptedDomains, Stream
 
 DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
@@ -24,7 +25,7 @@ DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "digits/usps": {"model": "cnn2_digits"},
     "digits/mnist": {"model": "cnn2_digits"},
 }
-SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "heterogeneity")
+SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "heterogeneity")
 ALL_CORRUPTIONS = "all"
 
 
@@ -155,10 +156,11 @@ def strategy_params(cfg: ExperimentConfig) -> Dict[str, Any]:
 def build_scenario(cfg: ExperimentConfig) -> Scenario:
     """The scenario the config names."""
     names = cfg.corruption_list
-    if cfg.scenario.startswith("fedtsa"):
-        return fedtsa_scenario(names, niid=cfg.scenario == "fedtsa_niid", n_clients=cfg.clients,
-                               batch_size=cfg.batch_size, images_per_domain=cfg.images_per_client,
-                               slot_steps=cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
+    if cfg.scenario.startswith(("fedtsa", "fedctta")):
+        build = fedtsa_scenario if cfg.scenario.startswith("fedtsa") else fedctta_scenario
+        return build(names, niid=cfg.scenario.endswith("_niid"), n_clients=cfg.clients, batch_size=cfg.batch_size,
+                     images_per_domain=cfg.images_per_client,
+                     slot_steps=cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
     n_steps = cfg.n_steps or len(names) * (cfg.images_per_client // cfg.batch_size)
     if cfg.slot_steps:
         return heterogeneity_scenario(cfg.clients, names, cfg.sh, cfg.slot_steps / n_steps, n_steps, cfg.batch_size)

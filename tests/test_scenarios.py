@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from ftta_core.scenarios import (client_image_pools, cluster_offsets, dirichlet_client_pools, explicit_scenario,
-                                 fedtsa_scenario, heterogeneity_scenario)
+                                 fedctta_scenario, fedtsa_scenario, heterogeneity_scenario)
 
 NAMES = [f"c{i}" for i in range(15)]
 
@@ -74,3 +74,16 @@ def test_dirichlet_skew_grows_as_alpha_shrinks():
     assert (a == dirichlet_client_pools(labels, 10, 200, 0.1, seed=1)).all()
     with pytest.raises(ValueError, match="alpha"):
         dirichlet_client_pools(labels, 10, 200, -1.0, seed=1)
+
+
+def test_fedctta_niid_reshuffles_clients_round_robin():
+    sc = fedctta_scenario(NAMES, niid=True)
+    assert sc.domain_map.shape == (20, 15)
+    for s in range(sc.n_slots):
+        assert len(np.unique(sc.domain_map[:, s])) == 4  # SH = 0.2 at every slot
+    # groups {i = r mod 4} stay together, hopping to another area's sequence every slot
+    for s in range(sc.n_slots):
+        assert set(np.flatnonzero(sc.domain_map[:, s] == sc.domain_map[0, s])) == {0, 4, 8, 12, 16}
+    row = sc.domain_map[0]
+    assert not all((row[k + 1] - row[k]) % 15 == 1 for k in range(14))  # not a cyclic walk
+    assert (fedctta_scenario(NAMES, niid=False).domain_map == fedtsa_scenario(NAMES, niid=False).domain_map).all()
