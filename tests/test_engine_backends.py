@@ -29,10 +29,15 @@ def local_for(key):
 
 
 def run(model, local_key, strategy, backend, batches):
+    """Step results and the clients' shared state (what they upload next) after every step."""
     torch.manual_seed(0)
     eng = Engine(model, local_for(local_key), build_strategy(strategy, **STRATEGY_PARAMS.get(strategy, {})),
                  n_clients=4, backend=backend)
-    return [eng.step(b) for b in batches]
+    out = []
+    for b in batches:
+        res = eng.step(b)
+        out.append((res, eng.local.shared_state(eng.bank)))
+    return out
 
 
 def test_every_local_method_has_a_backend_case():
@@ -42,7 +47,7 @@ def test_every_local_method_has_a_backend_case():
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 @pytest.mark.parametrize("local_key", sorted(LOCAL_CONFIGS))
 def test_backends_agree(digits_model, local_key, strategy):
-    """Same predictions (exactly), same W (atol 1e-5) for every local method x strategy on a small case.
+    """Same predictions (exactly), W (atol 1e-5) and uploads (atol 1e-4) for every local method x strategy.
 
     Tolerance: the two backends sum the same products in different orders (grouped conv vs per-client conv),
     so values differ at float32 rounding level (~1e-6); predictions of the trained model are not that close.
@@ -50,10 +55,14 @@ def test_backends_agree(digits_model, local_key, strategy):
     batches = shifted_batches()
     loop = run(digits_model, local_key, strategy, "loop", batches)
     vec = run(digits_model, local_key, strategy, "vectorized", batches)
-    for a, b in zip(loop, vec):
+    for (a, state_a), (b, state_b) in zip(loop, vec):
         assert (a.correct_local == b.correct_local).all()
         assert (a.correct_mixed == b.correct_mixed).all()
         assert torch.allclose(torch.as_tensor(a.weights), torch.as_tensor(b.weights), atol=1e-5)
+        assert a.upload_bytes == b.upload_bytes
+        assert set(state_a) == set(state_b)
+        for k in state_a:  # uploads: BN statistics (TTA-bn) or parameters (TTA-grad)
+            assert torch.allclose(state_a[k], state_b[k], atol=1e-4), k
 
 
 @pytest.mark.parametrize("params", ["bn_affine", "all"])
