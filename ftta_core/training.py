@@ -80,7 +80,11 @@ def evaluate(model: nn.Module, data: ImageArray, batch_size: int = 500, device: 
 
 def train_model(spec: SourceSpec, train: ImageArray, seed: int = 0, device: str = "cpu",
                 epochs: Optional[int] = None, progress: bool = True) -> nn.Module:
-    """Train ``spec.arch`` on ``train`` with SGD+Nesterov and a one-cycle schedule; deterministic given ``seed``."""
+    """Train ``spec.arch`` on ``train`` with SGD+Nesterov and a one-cycle schedule.
+
+    Bit-for-bit reproducible given ``seed``, the device and the number of CPU threads (float reductions are summed
+    in a thread-count-dependent order; the card records the thread count).
+    """
     torch.manual_seed(seed)  # parameter initialisation of nn.Module uses the default generator
     model = build_model(spec.arch, num_classes=train.num_classes).to(device)
     n_epochs = epochs if epochs is not None else spec.epochs
@@ -138,6 +142,7 @@ def source_card(spec: SourceSpec, seed: int, command: str, wall_s: float, metric
     """The model card stored beside a checkpoint."""
     return {"name": spec.name, "spec": asdict(spec), "seed": seed, "command": command,
             "train_wall_s": round(wall_s, 1), "torch": torch.__version__, "machine": platform.machine(),
+            "threads": torch.get_num_threads(),
             "trained_at": time.strftime("%Y-%m-%d"), **metrics}
 
 
