@@ -148,4 +148,4 @@ adaptation, `data/checkpoints/README.md`), so every method starts higher and has
 """),
 ]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "notebooks" / "10_fedtsa.ipynb")
+build(CELLS, Path(__file__).resolve().parents[1] / "10_fedtsa.ipynb")

@@ -88,4 +88,4 @@ alpha gives clients a few dominant classes, which biases batch statistics — th
 """),
 ]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "notebooks" / "01_data_and_shifts.ipynb")
+build(CELLS, Path(__file__).resolve().parents[1] / "01_data_and_shifts.ipynb")

@@ -92,4 +92,4 @@ The papers' protocols follow in the numbered notebooks.
 """),
 ]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "notebooks" / "00_quickstart.ipynb")
+build(CELLS, Path(__file__).resolve().parents[1] / "00_quickstart.ipynb")
