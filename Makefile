@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 quickstart: $(STAMP)
-	$(PY) -m ftta_core notebooks 00_quickstart --out-dir runs/quickstart
+	$(PY) -m ftta_core notebooks 00_quickstart --out-dir runs/quickstart --show
 
 test: $(STAMP)
 	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider

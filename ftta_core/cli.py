@@ -188,14 +188,17 @@ def _add_notebooks(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--smoke", action="store_true")
     p.add_argument("-p", "--parameter", action="append", metavar="K=V", help="papermill parameter (repeatable)")
     p.add_argument("--out-dir", type=Path, default=None, help="where executed copies go (default: in place)")
+    p.add_argument("--show", action="store_true", help="print each executed notebook's tables and printed text")
     p.set_defaults(func=cmd_notebooks)
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    from .notebooks import execute_notebooks
+    from .notebooks import execute_notebooks, text_outputs
 
     params = _key_values(args.parameter, "--parameter")
     for path in execute_notebooks(args.names, smoke=args.smoke, parameters=params, out_dir=args.out_dir):
+        if args.show:
+            print("\n\n".join(text_outputs(path)))
         print(f"executed {path}")
     return 0
 

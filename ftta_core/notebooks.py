@@ -39,3 +39,17 @@ def execute_notebooks(names: Sequence[str] = (), smoke: bool = False, parameters
                             cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
         done.append(target)
     return done
+
+
+def text_outputs(path: Path) -> List[str]:
+    """The printed text and plain-text results of an executed notebook's cells (figures skipped)."""
+    import nbformat
+
+    out = []
+    for cell in nbformat.read(str(path), as_version=4).cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                out.append(o["text"].rstrip())
+            elif "data" in o and "text/plain" in o["data"] and not o["data"]["text/plain"].startswith("<Figure"):
+                out.append(o["data"]["text/plain"].rstrip())
+    return out

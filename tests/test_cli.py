@@ -57,3 +57,18 @@ def test_local_row_is_derived_from_accuracy_local_under_tta_bn():
     t = beside_fedtsa_table1(grid, "cifar10", "bn", ["fedavg"]).set_index("method")
     assert t.loc["Local", "ours_mean"] == 56.0 and t.loc["Local", "paper_mean"] == 56.93
     assert t.loc["No-Adapt", "ours_mean"] == 30.5 and t.loc["FedAvg", "ours_mean"] == 51.0
+
+
+def test_text_outputs_of_an_executed_notebook(tmp_path):
+    import nbformat
+
+    from ftta_core.notebooks import text_outputs
+
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("x")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n"),
+                    nbformat.v4.new_output("execute_result", data={"text/plain": "table"}, execution_count=1),
+                    nbformat.v4.new_output("display_data", data={"text/plain": "<Figure size 1x1>"})]
+    nb.cells.append(cell)
+    nbformat.write(nb, str(tmp_path / "n.ipynb"))
+    assert text_outputs(tmp_path / "n.ipynb") == ["hello", "table"]

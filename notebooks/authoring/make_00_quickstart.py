@@ -32,12 +32,14 @@ figure_dir = "../figures"
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 
 from ftta_core import plots
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.workbook import mean_std, run_grid
 
+pd.set_option("display.width", 140)
 smoke = smoke_mode(smoke)
 figure_dir = Path("../runs/smoke" if smoke else figure_dir)
 figure_dir.mkdir(parents=True, exist_ok=True)
