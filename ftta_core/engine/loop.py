@@ -104,12 +104,14 @@ class Engine:
 
     def state_dict(self) -> dict:
         """Bank and strategy state for resuming."""
-        return {"bank": self.bank.state_dict(), "strategy": self.strategy.state_dict()}
+        return {"bank": self.bank.state_dict(), "strategy": self.strategy.state_dict(),
+                "local": self.local.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore ``state_dict``."""
         self.bank.load_state_dict(state["bank"])
         self.strategy.load_state_dict(state["strategy"])
+        self.local.load_state_dict(state.get("local", {}))
 
 
 def run_steps(engine: Engine, stream: Stream, start: int = 0, stop: Optional[int] = None,

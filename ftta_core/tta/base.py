@@ -57,6 +57,13 @@ class LocalMethod(ABC):
         elif self.shares == "params":
             bank.set_params(state)
 
+    def state_dict(self) -> dict:
+        """Method state beyond the bank (teachers, memories, EMA statistics) for resuming; none by default."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict``."""
+
     @torch.no_grad()
     def predict(self, bank: ClientBank, x: torch.Tensor) -> ForwardOutput:
         """Predict with the (mixed) client models: BN-adapt uses the installed statistics."""
