@@ -229,15 +229,19 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
 
     from .experiment import ExperimentConfig
     from .paper import TTA_SETTINGS, beside_fedtsa_table1, to_markdown
-    from .workbook import run_grid
+    from .workbook import run_grid, run_strategy_grid
 
     frames = []
     for setting in args.settings:
         base = ExperimentConfig(dataset=args.dataset, scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
                                 images_per_client=500, severity=5, device=args.device, backend=args.backend,
                                 max_steps=args.max_steps, **TTA_SETTINGS[args.tta])
-        variants = {s: {"strategy": s} for s in args.strategies}
-        g = run_grid(base, variants, args.seeds, results_dir=args.results, only_cached=args.only_cached)
+        if args.tta == "bn":  # stateless local phase: all strategies of a seed share one pass
+            g = run_strategy_grid(base, args.strategies, args.seeds, results_dir=args.results,
+                                  only_cached=args.only_cached)
+        else:
+            variants = {s: {"strategy": s} for s in args.strategies}
+            g = run_grid(base, variants, args.seeds, results_dir=args.results, only_cached=args.only_cached)
         frames.append(g.rename(columns={"variant": "strategy"}).assign(setting=setting))
     grid = pd.concat(frames, ignore_index=True)
     table = beside_fedtsa_table1(grid, args.dataset, args.tta, args.strategies)

@@ -309,3 +309,51 @@ class RunWriter:
             p.unlink()
         if self.parts.exists():
             self.parts.rmdir()
+
+
+def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: bool = False,
+                   data_root: Optional[str] = None) -> Dict[str, Results]:
+    """Run ``cfg`` once per strategy in one pass over the stream, sharing the stateless local phase.
+
+    Valid for local methods that train nothing and carry no state (``bn``, ``source``): the source pass and the
+    batch-statistics pass are computed once per step for all strategies. Each result equals
+    ``run_experiment(replace(cfg, strategy=name))`` (tested); configs per strategy are in each summary.
+    """
+    from .strategies import build_strategy
+    from .training import load_source_model
+    from .tta import build_local
+    from .rng import derive_seed
+
+    device = resolve_device(cfg.device)
+    stream = build_stream(cfg, device, data_root)
+    torch.manual_seed(derive_seed(cfg.seed, "engine"))
+    cfgs = {name: dataclasses.replace(cfg, strategy=name, strategy_params={}) for name in strategies}
+    built = {name: build_strategy(name, **strategy_params(c)) for name, c in cfgs.items()}
+    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
+                    built[strategies[0]], cfg.clients, cfg.backend, device)
+    for s in built.values():
+        s.reset(cfg.clients)
+    n_steps = min(len(stream), cfg.max_steps or len(stream))
+    if cfg.smoke:
+        n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
+    rows: Dict[str, List[dict]] = {name: [] for name in strategies}
+    weights: Dict[str, List[np.ndarray]] = {name: [] for name in strategies}
+    upload = {name: 0 for name in strategies}
+    t0 = time.perf_counter()
+    steps = range(n_steps)
+    if progress:
+        from tqdm.auto import tqdm
+        steps = tqdm(steps, desc=f"{cfg.local} x {len(strategies)} strategies")
+    for t in steps:
+        for name, res in engine.step_strategies(stream.batch(t), built).items():
+            rows[name] += step_rows(res, stream.scenario)
+            weights[name].append(res.weights)
+            upload[name] = res.upload_bytes
+    wall = (time.perf_counter() - t0) / len(strategies)
+    out = {}
+    for name in strategies:
+        table = pd.DataFrame(rows[name])
+        summary = summarize(table, cfgs[name], wall, device, upload[name])
+        summary["shared_pass"] = list(strategies)
+        out[name] = Results(table, np.stack(weights[name]), summary)
+    return out

@@ -56,6 +56,34 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
     return table
 
 
+def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: Sequence[int],
+                      results_dir: Optional[Path] = None, only_cached: bool = False,
+                      progress: bool = True) -> pd.DataFrame:
+    """Like ``run_grid`` over strategies, but strategies missing for a seed run together in one pass that
+    shares the stateless local phase (``experiment.run_strategies``; TTA-bn and source only). Same cache."""
+    from .experiment import run_strategies
+
+    rows = []
+    for seed in seeds:
+        cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}, seed=seed) for s in strategies}
+        paths = {s: Path(results_dir) / f"{config_key(c)}.json" if results_dir is not None else None
+                 for s, c in cfgs.items()}
+        missing = [s for s in strategies if paths[s] is None or not paths[s].exists()]
+        fresh = {} if (only_cached or not missing) else run_strategies(cfgs[missing[0]], missing, progress=progress)
+        for s in strategies:
+            if s in fresh:
+                summary = fresh[s].summary
+                if paths[s] is not None:
+                    paths[s].parent.mkdir(parents=True, exist_ok=True)
+                    paths[s].write_text(json.dumps(summary, indent=1, default=float))
+            elif paths[s] is not None and paths[s].exists():
+                summary = json.loads(paths[s].read_text())
+            else:
+                continue
+            rows.append({"variant": s, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
+    return pd.DataFrame(rows, columns=["variant", "seed", *SUMMARY_KEYS]) if not rows else pd.DataFrame(rows)
+
+
 def mean_std(table: pd.DataFrame, by: Sequence[str] | str = "variant", value: str = "accuracy") -> pd.DataFrame:
     """Mean and standard deviation (over seeds) of ``value`` per group."""
     g = table.groupby(by, sort=False)[value]

@@ -175,3 +175,19 @@ def test_mix_state_ignores_nan_rows_nobody_uses():
     w = restrict_to_valid(torch.full((3, 3), 1 / 3), torch.tensor([True, False, True]))
     mixed = mix_state(state, w)["a"]
     assert torch.allclose(mixed[0], torch.tensor([2.0, 3.0])) and torch.allclose(mixed[2], torch.tensor([2.0, 3.0]))
+
+
+def test_strategies_sharing_the_local_phase_equal_separate_runs(tmp_path, monkeypatch):
+    from ftta_core.experiment import run_strategies
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(**SMALL, local="bn", seed=2, max_steps=6)
+    names = ["local", "fedavg", "fedamp", "pfedgraph", "fedavgm", "fedctta"]
+    shared = run_strategies(cfg, names)
+    for name in names:
+        alone = run_experiment(ExperimentConfig(**SMALL, local="bn", seed=2, max_steps=6, strategy=name))
+        pd.testing.assert_frame_equal(shared[name].steps, alone.steps)
+        assert np.allclose(shared[name].collaboration, alone.collaboration, atol=1e-6)
+        assert shared[name].summary["accuracy"] == alone.summary["accuracy"]
+    with pytest.raises(ValueError, match="trains or carries state"):
+        run_strategies(ExperimentConfig(**SMALL, local="tent", max_steps=2), ["fedavg"])

@@ -34,6 +34,19 @@ class StepResult:
 
 
 @dataclass
+class LocalPhase:
+    """What the clients computed at one step before talking to the server."""
+
+    batch: StreamBatch
+    x: torch.Tensor
+    y: torch.Tensor
+    source_logits: torch.Tensor
+    local_logits: torch.Tensor
+    state: Dict[str, torch.Tensor]
+    context: Dict[str, torch.Tensor]
+
+
+@dataclass
 class Engine:
     """Runs a local method and a strategy over a stream with a client bank of the chosen backend."""
 
@@ -59,41 +72,50 @@ class Engine:
 
     def step(self, batch: StreamBatch) -> StepResult:
         """Process one time step for all clients."""
+        return self.server_phase(self.local_phase(batch, self.strategy), self.strategy)
+
+    def local_phase(self, batch: StreamBatch, strategy: Strategy) -> "LocalPhase":
+        """Source monitor and local adaptation of every client (with ``strategy``'s client regulariser)."""
         x, y = batch.images.to(self.device), batch.labels.to(self.device)
         src_logits, src_feats = self._source_forward(x)
-        out_local = self.local.adapt(self.bank, x, self.strategy.regularizer(self.bank, x))
+        out_local = self.local.adapt(self.bank, x, strategy.regularizer(self.bank, x))
         state = self.local.shared_state(self.bank)
         context = {"indicator": src_feats.mean(1), "feature_mean": out_local.features.mean(1),
                    "logits_mean": out_local.logits.mean(1)}
-        context.update(self.strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
-        uploads = self.strategy.client_uploads(context)
+        return LocalPhase(batch, x, y, src_logits, out_local.logits, state, context)
+
+    def server_phase(self, phase: "LocalPhase", strategy: Strategy) -> StepResult:
+        """Uploads, checks, W, mixing and the prediction after mixing, for ``strategy``."""
+        batch, x, state = phase.batch, phase.x, phase.state
+        context = dict(phase.context)
+        context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
+        uploads = strategy.client_uploads(context)
         valid = finite_clients({**state, **uploads}, self.n_clients)
         if not bool(valid.all()):
             log.warning("step %d: rejected uploads of clients %s (NaN/Inf)", batch.step,
                         torch.nonzero(~valid).flatten().tolist())
         sizes = torch.full((self.n_clients,), float(x.shape[1]))
         inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
-        weights = self.strategy.collaboration(inputs).detach().float().cpu()
+        weights = strategy.collaboration(inputs).detach().float().cpu()
         weights = check_collaboration(restrict_to_valid(weights, valid), self.n_clients)
         if state:
-            mixed = self.strategy.mix(state, weights.to(self.device))
+            mixed = strategy.mix(state, weights.to(self.device))
             # a rejected client keeps its own state exactly
             mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
                      for k, v in mixed.items()}
             self.local.load_state(self.bank, mixed)
-            self.strategy.after_mix(mixed, inputs)
-        if self.strategy.finetune_after_mix and self.local.shares == "params":
+            strategy.after_mix(mixed, inputs)
+        if strategy.finetune_after_mix and self.local.shares == "params":
             # adapt again on the same batch after aggregation, then predict with the fine-tuned model
             # (with TTA-bn there is nothing to fine-tune: FedAvg+FT equals FedAvg, as in FedTSA Table 1)
             self.local.adapt(self.bank, x)
-            out_mixed = self.local.predict(self.bank, x)
-        else:
-            out_mixed = self.local.predict(self.bank, x)
+        out_mixed = self.local.predict(self.bank, x)
         upload_bytes = sum(int(t[0].numel() * t.element_size()) for t in {**state, **uploads}.values())
+        y = phase.y
         return StepResult(
             step=batch.step,
-            correct_source=(src_logits.argmax(-1) == y).sum(1).cpu().numpy(),
-            correct_local=(out_local.logits.argmax(-1) == y).sum(1).cpu().numpy(),
+            correct_source=(phase.source_logits.argmax(-1) == y).sum(1).cpu().numpy(),
+            correct_local=(phase.local_logits.argmax(-1) == y).sum(1).cpu().numpy(),
             correct_mixed=(out_mixed.logits.argmax(-1) == y).sum(1).cpu().numpy(),
             n=np.full(self.n_clients, y.shape[1]),
             domains=np.asarray(batch.domains),
@@ -101,6 +123,24 @@ class Engine:
             rejected=(~valid).numpy(),
             upload_bytes=upload_bytes,
         )
+
+    def shares_local_phase(self) -> bool:
+        """True when one local phase can serve several strategies: nothing trained, no state carried over."""
+        return not self.bank.trainable and self.local.shares in ("bn_stats", "nothing")
+
+    def step_strategies(self, batch: StreamBatch, strategies: Dict[str, Strategy]) -> Dict[str, StepResult]:
+        """One step for several strategies that share this engine's stateless local phase (TTA-bn, source).
+
+        The source pass and the batch-statistics pass run once; each strategy then computes its own W, mixes and
+        predicts. Equal, step by step, to running each strategy in its own engine (tested), at 2 + S instead of 3S
+        forward passes per step.
+        """
+        if not self.shares_local_phase():
+            raise ValueError(f"local method {self.local.name!r} trains or carries state: strategies cannot share it")
+        if any(s.regularizer(self.bank, batch.images) is not None for s in strategies.values()):
+            raise ValueError("a strategy with a client regulariser cannot share the local phase")
+        phase = self.local_phase(batch, self.strategy)
+        return {name: self.server_phase(phase, s) for name, s in strategies.items()}
 
     def state_dict(self) -> dict:
         """Bank and strategy state for resuming."""
