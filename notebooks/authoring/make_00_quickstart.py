@@ -78,7 +78,7 @@ acc_ax.legend(fontsize=8, ncol=len(strategies))
 acc_ax.set_title("accuracy after mixing, per slot (each slot: a new corruption per cluster)")
 fig.tight_layout()
 fig.savefig(figure_dir / "quickstart_collaboration.png", dpi=110)
-print("figure:", (figure_dir / "quickstart_collaboration.png").resolve())
+print("figure:", figure_dir / "quickstart_collaboration.png", "(relative to notebooks/)")
 """),
     ("md", """
 ## What this shows
