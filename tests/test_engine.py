@@ -11,6 +11,7 @@ from ftta_core.engine.mixing import mix_state, restrict_to_valid, validate_uploa
 from ftta_core.experiment import ExperimentConfig, run_experiment
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local
+from ftta_core.tta.base import LocalMethod
 
 from conftest import shifted_batches
 
@@ -182,8 +183,14 @@ def test_strategies_sharing_the_local_phase_equal_separate_runs(tmp_path, monkey
 
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
     cfg = ExperimentConfig(**SMALL, local="bn", seed=2, max_steps=6)
-    names = ["local", "fedavg", "fedamp", "pfedgraph", "fedavgm", "fedctta"]
+    names = ["local", "fedavg", "fedprox", "fedamp", "pfedgraph", "fedavgm", "fedctta", "moon"]
+    predictions = []
+    original = LocalMethod.predict
+    monkeypatch.setattr(LocalMethod, "predict", lambda self, *a: predictions.append(1) or original(self, *a))
     shared = run_strategies(cfg, names)
+    # FedProx and MOON mix BN statistics exactly like FedAvg: their prediction is reused, not recomputed
+    assert len(predictions) == 6 * (len(names) - 2)
+    monkeypatch.setattr(LocalMethod, "predict", original)
     for name in names:
         alone = run_experiment(ExperimentConfig(**SMALL, local="bn", seed=2, max_steps=6, strategy=name))
         pd.testing.assert_frame_equal(shared[name].steps, alone.steps)

@@ -59,3 +59,14 @@ def test_committed_checkpoints_load_with_cards(name):
     assert "command" in card
     with pytest.raises(FileNotFoundError, match="train-source"):
         load_source_model("not_a_model")
+
+
+def test_channels_last_max_pool_equals_the_plain_layer_values_and_gradients():
+    from ftta_core.models.ops import MaxPool2d
+
+    x = torch.randn(6, 5, 15, 15, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    ours, plain = MaxPool2d(3, 2, 1)(x), torch.nn.MaxPool2d(3, 2, 1)(x)
+    assert torch.equal(ours, plain) and ours.is_contiguous()
+    g_ours, = torch.autograd.grad(ours.square().sum(), x)
+    g_plain, = torch.autograd.grad(plain.square().sum(), x)
+    assert torch.equal(g_ours, g_plain)

@@ -84,8 +84,14 @@ class Engine:
                    "logits_mean": out_local.logits.mean(1)}
         return LocalPhase(batch, x, y, src_logits, out_local.logits, state, context)
 
-    def server_phase(self, phase: "LocalPhase", strategy: Strategy) -> StepResult:
-        """Uploads, checks, W, mixing and the prediction after mixing, for ``strategy``."""
+    def server_phase(self, phase: "LocalPhase", strategy: Strategy,
+                     seen: Optional[List[tuple]] = None) -> StepResult:
+        """Uploads, checks, W, mixing and the prediction after mixing, for ``strategy``.
+
+        ``seen`` (shared passes only) collects (mixed state, logits) of the strategies already served at this step:
+        a strategy whose mixed state equals one of them exactly reuses its logits instead of another forward pass
+        (under TTA-bn FedProx, MOON, pFedSD and FedAvg+FT mix exactly like FedAvg).
+        """
         batch, x, state = phase.batch, phase.x, phase.state
         context = dict(phase.context)
         context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
@@ -98,25 +104,32 @@ class Engine:
         inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
         weights = strategy.collaboration(inputs).detach().float().cpu()
         weights = check_collaboration(restrict_to_valid(weights, valid), self.n_clients)
+        mixed: Dict[str, torch.Tensor] = {}
         if state:
             mixed = strategy.mix(state, weights.to(self.device))
             # a rejected client keeps its own state exactly
-            mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
-                     for k, v in mixed.items()}
+            if not bool(valid.all()):
+                mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
+                         for k, v in mixed.items()}
             self.local.load_state(self.bank, mixed)
             strategy.after_mix(mixed, inputs)
         if strategy.finetune_after_mix and self.local.shares == "params":
             # adapt again on the same batch after aggregation, then predict with the fine-tuned model
             # (with TTA-bn there is nothing to fine-tune: FedAvg+FT equals FedAvg, as in FedTSA Table 1)
             self.local.adapt(self.bank, x)
-        out_mixed = self.local.predict(self.bank, x)
+            seen = None
+        logits = _same_state_logits(seen, mixed)
+        if logits is None:
+            logits = self.local.predict(self.bank, x).logits
+            if seen is not None:
+                seen.append((mixed, logits))
         upload_bytes = sum(int(t[0].numel() * t.element_size()) for t in {**state, **uploads}.values())
         y = phase.y
         return StepResult(
             step=batch.step,
             correct_source=(phase.source_logits.argmax(-1) == y).sum(1).cpu().numpy(),
             correct_local=(phase.local_logits.argmax(-1) == y).sum(1).cpu().numpy(),
-            correct_mixed=(out_mixed.logits.argmax(-1) == y).sum(1).cpu().numpy(),
+            correct_mixed=(logits.argmax(-1) == y).sum(1).cpu().numpy(),
             n=np.full(self.n_clients, y.shape[1]),
             domains=np.asarray(batch.domains),
             weights=weights.numpy(),
@@ -140,7 +153,8 @@ class Engine:
         if any(s.regularizer(self.bank, batch.images) is not None for s in strategies.values()):
             raise ValueError("a strategy with a client regulariser cannot share the local phase")
         phase = self.local_phase(batch, self.strategy)
-        return {name: self.server_phase(phase, s) for name, s in strategies.items()}
+        seen: List[tuple] = []
+        return {name: self.server_phase(phase, s, seen) for name, s in strategies.items()}
 
     def state_dict(self) -> dict:
         """Bank and strategy state for resuming."""
@@ -152,6 +166,14 @@ class Engine:
         self.bank.load_state_dict(state["bank"])
         self.strategy.load_state_dict(state["strategy"])
         self.local.load_state_dict(state.get("local", {}))
+
+
+def _same_state_logits(seen: Optional[List[tuple]], mixed: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+    """The logits stored in ``seen`` for a mixed state exactly equal to ``mixed``, if any."""
+    for state, logits in seen or ():
+        if state.keys() == mixed.keys() and all(torch.equal(state[k], mixed[k]) for k in mixed):
+            return logits
+    return None
 
 
 def run_steps(engine: Engine, stream: Stream, start: int = 0, stop: Optional[int] = None,

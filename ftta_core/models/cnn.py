@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .ops import MaxPool2d
+
 
 class TwoLayerCNN(nn.Module):
     """FedICON Table 3: Conv(3,32,5)-ReLU-Pool, Conv(32,64,5)-ReLU-Pool, FC(1600,64)-ReLU, FC(64,C); 32x32 inputs."""
@@ -14,7 +16,7 @@ class TwoLayerCNN(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 32, 5, 1)
         self.conv2 = nn.Conv2d(32, 64, 5, 1)
-        self.pool = nn.MaxPool2d(2, 2)
+        self.pool = MaxPool2d(2, 2)
         self.fc1 = nn.Linear(64 * 5 * 5, 64)
         self.fc = nn.Linear(64, num_classes)
 
@@ -42,7 +44,7 @@ class DigitsCNN(nn.Module):
         self.block1 = block(in_channels, width)
         self.block2 = block(width, 2 * width)
         self.block3 = block(2 * width, 2 * width)
-        self.pool = nn.MaxPool2d(2)
+        self.pool = MaxPool2d(2)
         self.gap = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(2 * width, num_classes)
         self.feature_dim = 2 * width

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .ops import MaxPool2d
+
 
 class BasicBlock(nn.Module):
     """The standard two-conv residual block with an optional 1x1 projection shortcut."""
@@ -33,7 +35,7 @@ class ResNet8(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.maxpool = MaxPool2d(3, 2, 1)
         self.layer1 = BasicBlock(64, 64, 1)
         self.layer2 = BasicBlock(64, 128, 2)
         self.layer3 = BasicBlock(128, 256, 2)
