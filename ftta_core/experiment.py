@@ -14,8 +14,8 @@ import pandas as pd
 import torch
 
 from .engine.loop import Engine, StepResult
-from .scenarios import (Scenario, client_image_pools, dirichlet_client_pools, fedctta_scenario, fedtsa_scenario,
-                        heterogeneity_scenario)
+from .scenarios import (Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools, fedctta_scenario,
+                        fedtsa_scenario, heterogeneity_scenario)
 from .stream import CLEAN, CorruptedDomains, Stream
 
 DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
@@ -25,7 +25,7 @@ DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "digits/usps": {"model": "cnn2_digits"},
     "digits/mnist": {"model": "cnn2_digits"},
 }
-SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "heterogeneity")
+SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "case_study", "heterogeneity")
 ALL_CORRUPTIONS = "all"
 
 
@@ -98,6 +98,8 @@ class ExperimentConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 bad(name, f"must be a positive integer or None, got {v!r}")
+        if self.scenario == "case_study" and self.clients != 10:
+            bad("clients", f"the case study has 10 clients in 3 groups (4, 3, 3), got {self.clients}")
         if self.label_alpha is not None and not self.label_alpha > 0:
             bad("label_alpha", f"must be positive or None (IID), got {self.label_alpha}")
         if self.local not in LOCAL_METHODS:
@@ -156,6 +158,9 @@ def strategy_params(cfg: ExperimentConfig) -> Dict[str, Any]:
 def build_scenario(cfg: ExperimentConfig) -> Scenario:
     """The scenario the config names."""
     names = cfg.corruption_list
+    if cfg.scenario == "case_study":
+        return case_study_scenario(names, cfg.batch_size, cfg.images_per_client,
+                                   cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
     if cfg.scenario.startswith(("fedtsa", "fedctta")):
         build = fedtsa_scenario if cfg.scenario.startswith("fedtsa") else fedctta_scenario
         return build(names, niid=cfg.scenario.endswith("_niid"), n_clients=cfg.clients, batch_size=cfg.batch_size,
@@ -206,11 +211,19 @@ class Results:
         return pd.DataFrame({k: 100 * g[f"correct_{k}"] / g["n"] for k in ("source", "local", "mixed")})
 
 
+def accuracy_by(steps: pd.DataFrame, column: str) -> Dict[str, Dict[str, float]]:
+    """Accuracies (%) after mixing, after local adaptation and of the source, per value of ``column``."""
+    g = steps.groupby(column)[["n", "correct_source", "correct_local", "correct_mixed"]].sum()
+    return {kind: {str(k): float(100 * g.at[k, f"correct_{kind}"] / g.at[k, "n"]) for k in g.index}
+            for kind in ("mixed", "local", "source")}
+
+
 def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device: str, upload_bytes: int) -> dict:
     """Headline numbers, the config, versions, device and wall time."""
     n = steps["n"].sum()
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
             "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
+            "accuracy_by_domain": accuracy_by(steps, "domain"),
             "rejected_uploads": int(steps["rejected"].sum()), "upload_bytes_per_client_step": upload_bytes,
             "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
                                                   "torch": torch.__version__, "numpy": np.__version__,

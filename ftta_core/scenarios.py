@@ -132,6 +132,24 @@ def fedctta_scenario(domain_names: Sequence[str], niid: bool = True, n_clients: 
     return Scenario(dm, slot_steps, batch_size, tuple(domain_names), "fedctta_niid")
 
 
+def case_study_scenario(domain_names: Sequence[str], batch_size: int = 10, images_per_domain: int = 500,
+                        slot_steps: int = 50) -> Scenario:
+    """The 10-client, 3-group case study of FedTSA (Table 4, Figs 5-6) and FedCTTA (Table III, Figs 3-4).
+
+    Clients 1-4 see the domains in order (0, 1, ..., K-1), clients 5-7 the same walk one domain ahead
+    (1, ..., K-1, 0), clients 8-10 the reverse order (K-1, ..., 0): group 2 visits a domain one slot before group 1,
+    and group 3 meets group 1 on the middle domain (slot 7 of 15, Snow for CIFAR-10-C's order).
+    """
+    k = len(domain_names)
+    steps_per_domain = images_per_domain // batch_size
+    n_slots = steps_per_domain * k // slot_steps
+    if n_slots * slot_steps != steps_per_domain * k:
+        raise ValueError(f"slot_steps={slot_steps} must divide the stream length {steps_per_domain * k}")
+    slots = np.arange(n_slots)
+    orders = [slots % k] * 4 + [(slots + 1) % k] * 3 + [(k - 1 - slots) % k] * 3
+    return explicit_scenario(orders, domain_names, slot_steps, batch_size, "case_study")
+
+
 def explicit_scenario(orders: Sequence[Sequence[int]], domain_names: Sequence[str], slot_steps: int,
                       batch_size: int, name: str = "explicit") -> Scenario:
     """A scenario from explicit per-client domain orders (the papers' case-study tables)."""

@@ -87,3 +87,23 @@ def test_fedctta_niid_reshuffles_clients_round_robin():
     row = sc.domain_map[0]
     assert not all((row[k + 1] - row[k]) % 15 == 1 for k in range(14))  # not a cyclic walk
     assert (fedctta_scenario(NAMES, niid=False).domain_map == fedtsa_scenario(NAMES, niid=False).domain_map).all()
+
+
+def test_case_study_groups_follow_the_papers_orders():
+    from ftta_core.scenarios import case_study_scenario
+
+    names = [f"d{i}" for i in range(15)]
+    sc = case_study_scenario(names, batch_size=10, images_per_domain=500)
+    slots = sc.domain_map  # [10 clients, 15 slots]
+    assert slots.shape == (10, 15)
+    assert (slots[:4] == np.arange(15)).all()
+    assert (slots[4:7] == (np.arange(15) + 1) % 15).all()
+    assert (slots[7:] == np.arange(15)[::-1]).all()
+    assert slots[0, 7] == slots[9, 7] == 7  # group 3 meets group 1 on the middle domain
+
+
+def test_case_study_config_needs_ten_clients():
+    from ftta_core.experiment import ExperimentConfig
+
+    with pytest.raises(ValueError, match="'clients'"):
+        ExperimentConfig(scenario="case_study", clients=8)
