@@ -117,3 +117,85 @@ def load_results(out: Path) -> Results:
 def summary_config(summary: Dict[str, Any]) -> ExperimentConfig:
     """The config a stored summary was made with."""
     return ExperimentConfig.from_dict(summary["config"])
+
+
+@dataclasses.dataclass
+class StoredRun:
+    """A run kept compactly for figures: summary, W over time [T, N, N] and per-(slot, client) accuracies."""
+
+    summary: Dict[str, Any]
+    collaboration: "np.ndarray"
+    slots: pd.DataFrame
+
+
+def slot_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (slot, client, domain): predictions and accuracies (%) of source, local and mixed predictions."""
+    g = steps.groupby(["slot", "client", "domain"], as_index=False)[
+        ["n", "correct_source", "correct_local", "correct_mixed"]].sum()
+    for kind in ("source", "local", "mixed"):
+        g[f"accuracy_{kind}"] = 100 * g.pop(f"correct_{kind}") / g["n"]
+    return g
+
+
+def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
+               progress: bool = True) -> Dict[str, StoredRun]:
+    """Run ``base`` with every strategy and keep each run under ``out_dir/<strategy>/`` (``summary.json``,
+    ``collaboration.npz``, ``slots.csv``: small enough to commit). Stored runs with the same config are read back;
+    the missing ones share one pass when the local method is stateless (TTA-bn), else run one by one."""
+    import numpy as np
+
+    from .engine.loop import SharedPassError
+    from .experiment import run_strategies
+
+    out_dir = Path(out_dir)
+    cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}) for s in strategies}
+
+    def stored(s: str) -> bool:
+        path = out_dir / s / "summary.json"
+        return path.exists() and json.loads(path.read_text())["config"] == cfgs[s].to_dict()
+
+    missing = [s for s in strategies if not stored(s)]
+    if missing:
+        try:
+            fresh = run_strategies(cfgs[missing[0]], missing, progress=progress)
+        except SharedPassError:  # the local method trains or carries state: one run per strategy
+            fresh = {s: run_experiment(cfgs[s], progress=progress) for s in missing}
+        for s, res in fresh.items():
+            folder = out_dir / s
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "summary.json").write_text(json.dumps(res.summary, indent=1, default=float) + "\n")
+            np.savez_compressed(folder / "collaboration.npz", W=res.collaboration.astype(np.float32))
+            slot_table(res.steps).to_csv(folder / "slots.csv", index=False, float_format="%.4f")
+    return {s: StoredRun(json.loads((out_dir / s / "summary.json").read_text()),
+                         np.load(out_dir / s / "collaboration.npz")["W"], pd.read_csv(out_dir / s / "slots.csv"))
+            for s in strategies}
+
+
+CASE_STUDY_GROUPS = {"clients 1-4": range(0, 4), "clients 5-7": range(4, 7), "clients 8-10": range(7, 10)}
+
+
+def case_study_table(runs: Mapping[str, StoredRun]) -> pd.DataFrame:
+    """Accuracy (%) after mixing per group and strategy (rows) and slot (columns), plus the mean over slots: the
+    shape of FedTSA Table 4 / FedCTTA Table III (``case_study_domains`` says which domain each group sees)."""
+    rows = []
+    for strategy, run in runs.items():
+        for group, clients in CASE_STUDY_GROUPS.items():
+            g = run.slots[run.slots.client.isin(list(clients))]
+            g = g.assign(c=g.accuracy_mixed * g.n).groupby("slot")[["c", "n"]].sum()
+            rows.append({"group": group, "strategy": strategy, **(g.c / g.n).to_dict(), "mean": g.c.sum() / g.n.sum()})
+    return pd.DataFrame(rows).set_index(["group", "strategy"])
+
+
+def case_study_domains(run: StoredRun) -> pd.DataFrame:
+    """The domain each case-study group sees in each slot (rows: group, columns: slot)."""
+    first = {group: clients[0] for group, clients in CASE_STUDY_GROUPS.items()}
+    s = run.slots
+    return pd.DataFrame({group: s[s.client == c].set_index("slot").domain for group, c in first.items()}).T
+
+
+def markdown_table(table: pd.DataFrame, digits: int = 2) -> str:
+    """A plain markdown rendering of any table (floats rounded to ``digits``; the index is kept as columns)."""
+    flat = table.reset_index() if not isinstance(table.index, pd.RangeIndex) else table
+    cells = [[f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row] for row in flat.itertuples(index=False)]
+    lines = ["| " + " | ".join(map(str, flat.columns)) + " |", "|" + "---|" * len(flat.columns)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells]) + "\n"

@@ -7,7 +7,7 @@ import pytest
 
 from ftta_core.cli import build_parser, main
 
-COMMANDS = ["run", "train-source", "eval-source", "cards", "gallery", "notebooks", "fedtsa-table"]
+COMMANDS = ["run", "train-source", "eval-source", "cards", "gallery", "notebooks", "fedtsa-table", "case-study"]
 
 
 def test_top_level_help_lists_every_command():
@@ -72,3 +72,19 @@ def test_text_outputs_of_an_executed_notebook(tmp_path):
     nb.cells.append(cell)
     nbformat.write(nb, str(tmp_path / "n.ipynb"))
     assert text_outputs(tmp_path / "n.ipynb") == ["hello", "table"]
+
+
+def test_case_study_stores_compact_runs_and_reuses_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "case"
+    args = ["case-study", "--strategies", "local", "fedavg", "--dataset", "embedded_digits", "--device", "cpu",
+            "--max-steps", "3", "--out", str(out)]
+    assert main(args) == 0
+    table = pd.read_csv(out / "table.csv", index_col=[0, 1])
+    assert len(table) == 6 and table["mean"].between(0, 100).all()
+    slots = pd.read_csv(out / "fedavg" / "slots.csv")
+    assert set(slots.client) == set(range(10)) and (slots.n == 30).all()  # 3 steps x batch 10
+    stamp = (out / "fedavg" / "summary.json").stat().st_mtime_ns
+    assert main(args) == 0  # second time: the stored runs are read back, not rerun
+    assert (out / "fedavg" / "summary.json").stat().st_mtime_ns == stamp
+    pd.testing.assert_frame_equal(pd.read_csv(out / "table.csv", index_col=[0, 1]), table)

@@ -18,6 +18,10 @@ from .mixing import finite_clients, restrict_to_valid
 log = logging.getLogger(__name__)
 
 
+class SharedPassError(ValueError):
+    """Strategies cannot share this local phase (the method trains or carries state, or a strategy regularises)."""
+
+
 @dataclass
 class StepResult:
     """What one step produced for all clients."""
@@ -149,9 +153,9 @@ class Engine:
         forward passes per step.
         """
         if not self.shares_local_phase():
-            raise ValueError(f"local method {self.local.name!r} trains or carries state: strategies cannot share it")
+            raise SharedPassError(f"local method {self.local.name!r} trains or carries state: strategies cannot share it")
         if any(s.regularizer(self.bank, batch.images) is not None for s in strategies.values()):
-            raise ValueError("a strategy with a client regulariser cannot share the local phase")
+            raise SharedPassError("a strategy with a client regulariser cannot share the local phase")
         phase = self.local_phase(batch, self.strategy)
         seen: List[tuple] = []
         return {name: self.server_phase(phase, s, seen) for name, s in strategies.items()}
