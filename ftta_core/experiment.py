@@ -50,7 +50,7 @@ class ExperimentConfig:
     batch_size: int = 10
     images_per_client: int = 500
     sh: float = 0.2
-    th: float = 1 / 15
+    th: float = 0.02
     n_steps: Optional[int] = None
     slot_steps: Optional[int] = None
     label_alpha: Optional[float] = None
@@ -168,7 +168,7 @@ def build_scenario(cfg: ExperimentConfig) -> Scenario:
                      slot_steps=cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
     n_steps = cfg.n_steps or len(names) * (cfg.images_per_client // cfg.batch_size)
     if cfg.slot_steps:
-        return heterogeneity_scenario(cfg.clients, names, cfg.sh, cfg.slot_steps / n_steps, n_steps, cfg.batch_size)
+        return heterogeneity_scenario(cfg.clients, names, cfg.sh, 1 / cfg.slot_steps, n_steps, cfg.batch_size)
     return heterogeneity_scenario(cfg.clients, names, cfg.sh, cfg.th, n_steps, cfg.batch_size)
 
 

@@ -57,8 +57,8 @@ class Scenario:
 
     @property
     def temporal_heterogeneity(self) -> float:
-        """TH = T_con / T: slot length over stream length (FedTSA Definition 1)."""
-        return self.slot_steps / self.n_steps
+        """TH = distribution changes per step = 1 / slot length (see ``heterogeneity_scenario``)."""
+        return 1 / self.slot_steps
 
     def spatial_heterogeneity(self, slot: int = 0) -> float:
         """SH_t = clusters / N: distinct domains among clients in ``slot`` over N (FedTSA Definition 2)."""
@@ -90,13 +90,20 @@ def cyclic_domain_map(n_clients: int, n_clusters: int, n_slots: int, n_domains: 
 
 def heterogeneity_scenario(n_clients: int, domain_names: Sequence[str], sh: float, th: float, n_steps: int,
                            batch_size: int, name: str = "") -> Scenario:
-    """Any (N, SH, TH): round(SH*N) clusters, slots of round(TH*n_steps) steps, cyclic domain order."""
+    """Any (N, SH, TH): round(SH*N) clusters (SH = distributions / clients, FedTSA Def. 2) and slots of round(1/TH)
+    steps, in a cyclic domain order.
+
+    TH is read as the frequency of distribution changes (FedTSA Def. 1's words: TH = 1 means a new distribution at
+    every step): TH = 0.02 gives 50-step slots, which is the Table 1 protocol (500 images / batch 10 per corruption)
+    the paper labels TH = 0.02, and what the FedCTTA reference code does (TEMPORAL_H=0.02 -> 50-step slots). Eq. 19
+    and App. A.2's example read literally (slot length / stream length, 50/750 = 0.067) contradict that label.
+    """
     if not 0 < sh <= 1:
         raise ValueError(f"sh (spatial heterogeneity) must be in (0, 1], got {sh}")
     if not 0 < th <= 1:
         raise ValueError(f"th (temporal heterogeneity) must be in (0, 1], got {th}")
     n_clusters = max(1, round(sh * n_clients))
-    slot_steps = max(1, round(th * n_steps))
+    slot_steps = max(1, round(1 / th))
     n_slots = math.ceil(n_steps / slot_steps)
     dm = cyclic_domain_map(n_clients, n_clusters, n_slots, len(domain_names))
     return Scenario(dm, slot_steps, batch_size, tuple(domain_names), name or f"sh{sh:g}_th{th:g}")

@@ -172,6 +172,7 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
 
 
 CASE_STUDY_GROUPS = {"clients 1-4": range(0, 4), "clients 5-7": range(4, 7), "clients 8-10": range(7, 10)}
+CASE_STUDY_ALL = "all clients"
 
 
 def case_study_table(runs: Mapping[str, StoredRun]) -> pd.DataFrame:
@@ -179,7 +180,7 @@ def case_study_table(runs: Mapping[str, StoredRun]) -> pd.DataFrame:
     shape of FedTSA Table 4 / FedCTTA Table III (``case_study_domains`` says which domain each group sees)."""
     rows = []
     for strategy, run in runs.items():
-        for group, clients in CASE_STUDY_GROUPS.items():
+        for group, clients in {**CASE_STUDY_GROUPS, CASE_STUDY_ALL: range(10)}.items():
             g = run.slots[run.slots.client.isin(list(clients))]
             g = g.assign(c=g.accuracy_mixed * g.n).groupby("slot")[["c", "n"]].sum()
             rows.append({"group": group, "strategy": strategy, **(g.c / g.n).to_dict(), "mean": g.c.sum() / g.n.sum()})
@@ -199,3 +200,22 @@ def markdown_table(table: pd.DataFrame, digits: int = 2) -> str:
     cells = [[f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row] for row in flat.itertuples(index=False)]
     lines = ["| " + " | ".join(map(str, flat.columns)) + " |", "|" + "---|" * len(flat.columns)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells]) + "\n"
+
+
+def group_weight_shares(weights: "np.ndarray", groups: Mapping[str, Sequence[int]] = CASE_STUDY_GROUPS,
+                        steps: Optional[slice] = None) -> pd.DataFrame:
+    """How client i splits its weight in W [T, N, N] (averaged over ``steps`` and over the clients of each group):
+    on itself, on the other members of its group, and on each other group. Rows: groups; columns: shares (sum 1)."""
+    import numpy as np
+
+    w = np.asarray(weights)[steps if steps is not None else slice(None)].mean(0)
+    rows = {}
+    for name, members in groups.items():
+        members = list(members)
+        row = {"self": float(np.mean([w[i, i] for i in members]))}
+        row["own group (others)"] = float(np.mean([w[i, members].sum() - w[i, i] for i in members]))
+        for other, others in groups.items():
+            if other != name:
+                row[other] = float(np.mean([w[i, list(others)].sum() for i in members]))
+        rows[name] = row
+    return pd.DataFrame(rows).T[["self", "own group (others)", *groups]]

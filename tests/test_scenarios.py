@@ -17,7 +17,7 @@ def test_fedtsa_niid_is_the_4area_cyclic_map():
         assert sorted(row) == list(range(15))
         assert all((row[k + 1] - row[k]) % 15 == 1 for k in range(14))
     assert sc.spatial_heterogeneity(0) == pytest.approx(0.2)
-    assert sc.temporal_heterogeneity == pytest.approx(50 / 750)
+    assert sc.temporal_heterogeneity == pytest.approx(0.02)  # the label the paper gives this protocol
 
 
 def test_fedtsa_iid_same_order_for_all():
@@ -29,7 +29,8 @@ def test_fedtsa_iid_same_order_for_all():
 @pytest.mark.parametrize("n,sh,th", [(20, 0.2, 0.02), (10, 0.5, 0.1), (20, 0.75, 1 / 15), (12, 1 / 12, 1.0)])
 def test_any_sh_th(n, sh, th):
     sc = heterogeneity_scenario(n, NAMES, sh, th, n_steps=750, batch_size=10)
-    assert sc.slot_steps == max(1, round(th * 750))
+    assert sc.slot_steps == max(1, round(1 / th))
+    assert sc.temporal_heterogeneity == pytest.approx(1 / sc.slot_steps)
     for s in range(sc.n_slots):
         assert len(np.unique(sc.domain_map[:, s])) == round(sh * n)
     assert sc.spatial_heterogeneity(0) == pytest.approx(round(sh * n) / n)
@@ -107,3 +108,10 @@ def test_case_study_config_needs_ten_clients():
 
     with pytest.raises(ValueError, match="'clients'"):
         ExperimentConfig(scenario="case_study", clients=8)
+
+
+def test_th_002_is_the_table1_protocol_of_50_step_slots():
+    sc = heterogeneity_scenario(20, NAMES, 0.2, 0.02, n_steps=750, batch_size=10)
+    ref = fedtsa_scenario(NAMES, niid=True)
+    assert sc.slot_steps == ref.slot_steps == 50
+    assert sc.n_slots == ref.n_slots == 15

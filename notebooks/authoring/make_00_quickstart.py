@@ -44,7 +44,7 @@ smoke = smoke_mode(smoke)
 figure_dir = Path("../runs/smoke" if smoke else figure_dir)
 figure_dir.mkdir(parents=True, exist_ok=True)
 base = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", corruptions=corruptions, severity=5,
-                        clients=clients, batch_size=10, images_per_client=100, sh=0.5, th=1 / len(corruptions),
+                        clients=clients, batch_size=10, images_per_client=100, sh=0.5, th=0.1,
                         local=local, device="auto", seed=seed, max_steps=6 if smoke else None)
 print(f"{base.clients} clients, {len(corruptions)} corruptions, batch {base.batch_size}, smoke={smoke}")
 """),

@@ -50,7 +50,7 @@ from ftta_core.tta import build_local
 smoke = smoke_mode(smoke)
 cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=clients, sh=0.5,
                        corruptions=["fog", "contrast", "frost", "glass_blur", "impulse_noise", "brightness"],
-                       images_per_client=100, th=1 / 6, local="bn", device="cpu", seed=seed)
+                       images_per_client=100, th=0.1, local="bn", device="cpu", seed=seed)
 stream = build_stream(cfg)
 n_steps = 6 if smoke else 30
 steps = server_steps if not smoke else 5
