@@ -5,7 +5,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -219,3 +219,41 @@ def group_weight_shares(weights: "np.ndarray", groups: Mapping[str, Sequence[int
                 row[other] = float(np.mean([w[i, list(others)].sum() for i in members]))
         rows[name] = row
     return pd.DataFrame(rows).T[["self", "own group (others)", *groups]]
+
+
+def stored_summaries(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
+                     results_dir: Path) -> Dict[tuple, Dict[str, Any]]:
+    """The stored summaries (as written by ``run_grid`` / ``run_strategy_grid``) of every (variant, seed) that
+    has one under ``results_dir``: {(variant, seed): summary}. Runs nothing."""
+    out = {}
+    for name in variants:
+        for seed in seeds:
+            cfg = dataclasses.replace(base, **dict(variants[name]), seed=seed)
+            path = Path(results_dir) / f"{config_key(cfg)}.json"
+            if path.exists():
+                out[(name, seed)] = json.loads(path.read_text())
+    return out
+
+
+def per_domain_table(summaries: Mapping[tuple, Dict[str, Any]], kind: str = "mixed",
+                     source_row: Optional[str] = "No-Adapt") -> pd.DataFrame:
+    """Accuracy (%) per domain (columns, plus ``mean`` over all predictions) and variant (rows), averaged over
+    seeds, from the ``accuracy_by_domain`` of stored summaries (``kind``: mixed, local or source). With
+    ``source_row`` a first row holds the source model's accuracies. Summaries without per-domain numbers are
+    skipped; the ``seeds`` column says how many runs each row averages."""
+    rows: Dict[str, List[Dict[str, float]]] = {}
+    for (name, _seed), summary in summaries.items():
+        by_domain = summary.get("accuracy_by_domain")
+        if not by_domain:
+            continue
+        if source_row is not None:
+            rows.setdefault(source_row, []).append({**by_domain["source"], "mean": summary["accuracy_source"]})
+        key = "accuracy" if kind == "mixed" else f"accuracy_{kind}"
+        rows.setdefault(name, []).append({**by_domain[kind], "mean": summary[key]})
+    table = {}
+    for name, entries in rows.items():
+        if name == source_row:  # every run carries the same source numbers for its seed: one per seed
+            entries = list({json.dumps(e, sort_keys=True): e for e in entries}.values())
+        table[name] = {**pd.DataFrame(entries).mean().to_dict(), "seeds": len(entries)}
+    out = pd.DataFrame(table).T
+    return out[[c for c in out.columns if c not in ("mean", "seeds")] + ["mean", "seeds"]] if len(out) else out

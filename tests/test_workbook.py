@@ -25,3 +25,20 @@ def test_case_study_table_weights_slots_by_predictions():
     assert table.loc[("all clients", "fedavg"), "mean"] == 40.0
     assert len(CASE_STUDY_GROUPS) == 3
     assert markdown_table(table).count("\n") == len(table) + 2
+
+
+def test_per_domain_table_averages_seeds_and_keeps_one_source_row_per_seed():
+    from ftta_core.workbook import per_domain_table
+
+    def summary(acc, src):
+        return {"accuracy": acc, "accuracy_local": acc, "accuracy_source": src,
+                "accuracy_by_domain": {"mixed": {"fog": acc, "snow": acc}, "local": {"fog": acc, "snow": acc},
+                                       "source": {"fog": src, "snow": src}}}
+
+    summaries = {("fedavg", 0): summary(60.0, 30.0), ("fedavg", 1): summary(70.0, 40.0),
+                 ("local", 0): summary(50.0, 30.0), ("old", 0): {"accuracy": 1.0}}
+    table = per_domain_table(summaries)
+    assert list(table.columns) == ["fog", "snow", "mean", "seeds"]
+    assert table.loc["fedavg", "fog"] == 65.0 and table.loc["fedavg", "seeds"] == 2
+    assert table.loc["No-Adapt", "mean"] == 35.0 and table.loc["No-Adapt", "seeds"] == 2
+    assert "old" not in table.index
