@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftta-installed
 
-.PHONY: install quickstart test notebooks figures clean
+.PHONY: install quickstart test notebooks figures paper-runs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,18 @@ notebooks: $(STAMP)
 
 figures: $(STAMP)
 	$(PY) -m ftta_core notebooks
+
+# The stored CIFAR-10-C paper runs (resumable; hours on a 2-core CPU, minutes on a GPU: DEVICE=cuda SEEDS="0 1 2 3 4")
+BASELINES := local fedavg fedavg_ft fedprox fedavgm fedamp moon pfedsd pfedgraph ldawa
+SEEDS ?= 0 1 2
+DEVICE ?= auto
+paper-runs: $(STAMP)
+	$(PY) -m ftta_core fedtsa-table --tta bn --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) --device $(DEVICE) \
+		--results figures/fedtsa_table1/runs --table figures/fedtsa_table1/cifar10_bn
+	$(PY) -m ftta_core fedtsa-table --tta grad --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) --device $(DEVICE) \
+		--results figures/fedtsa_table1/runs --table figures/fedtsa_table1/cifar10_grad
+	$(PY) -m ftta_core case-study --tta bn --device $(DEVICE) --out figures/case_study/cifar10_bn
+	$(PY) -m ftta_core notebooks 10_fedtsa 11_fedtsa_ablations 12_fedtsa_collaboration
 
 clean:
 	rm -rf runs build .pytest_cache

@@ -292,13 +292,67 @@ def cmd_case_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_centralized(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("centralized-tta", help="local TTA methods as one client over the corruptions in sequence",
+                       description="Continual single-client sanity check (the test-time-adaptation benchmark's "
+                                   "protocol: corruptions in order at one severity, batch 200, no reset): runs each "
+                                   "method with strategy 'local' and writes STEM.csv (error per method and "
+                                   "corruption) and STEM.md (mean errors beside the published WRN-28 numbers).")
+    p.add_argument("--methods", nargs="+", help="local methods (default: those of the benchmark that are registered: "
+                                                "source bn tent eata cotta rotta roid)")
+    p.add_argument("--dataset", default="cifar10")
+    p.add_argument("--images", type=int, default=10000, help="images per corruption")
+    p.add_argument("--batch-size", type=int, default=200, dest="batch_size")
+    p.add_argument("--severity", type=int, default=5)
+    p.add_argument("--corruptions", default="all", help="comma-separated corruption names, or 'all'")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--backend", default="vectorized", choices=["vectorized", "loop"])
+    p.add_argument("--param", action="append", metavar="METHOD.K=V", help="a method parameter (repeatable)")
+    p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
+    p.set_defaults(func=cmd_centralized_tta)
+
+
+def cmd_centralized_tta(args: argparse.Namespace) -> int:
+    from .centralized import BENCHMARK_METHODS, beside_reference, per_corruption_beside, run_centralized
+    from .tta import LOCAL_METHODS
+    from .workbook import markdown_table
+
+    methods = args.methods or [m for m in BENCHMARK_METHODS if m in LOCAL_METHODS]
+    skipped = [] if args.methods else [m for m in BENCHMARK_METHODS if m not in LOCAL_METHODS]
+    overrides: Dict[str, Dict[str, Any]] = {}
+    for key, value in _key_values(args.param, "--param").items():
+        if "." not in key:
+            raise SystemExit(f"--param expects METHOD.KEY=VALUE, got {key!r}")
+        method, name = key.split(".", 1)
+        overrides.setdefault(method, {})[name] = value
+    try:
+        table = run_centralized(methods, args.dataset, args.images, args.batch_size, args.severity, args.corruptions,
+                                args.seed, args.device, args.backend, overrides, progress=True)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    args.table.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.table.with_suffix(".csv"), index=False)
+    command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    md = (f"Made by: `{command}`\n\nError (%) of the prediction made while adapting, one client, continual, "
+          f"severity {args.severity}, batch {args.batch_size}, {args.images} images per corruption, seed {args.seed}. "
+          "Reference: WRN-28 continual benchmark (data/paper_numbers/tta_benchmark_cifar10c.csv)."
+          + (f" Not registered, skipped: {', '.join(skipped)}." if skipped else "") + "\n\n"
+          + markdown_table(beside_reference(table)) + "\nPer corruption (reference: Tent README, WRN-28):\n\n"
+          + markdown_table(per_corruption_beside(table)))
+    args.table.with_suffix(".md").write_text(md)
+    print(md)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-command per task."""
     parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
                                      "workbook. Every command has --help.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_run, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
-                _add_case_study):
+                _add_case_study, _add_centralized):
         add(sub)
     return parser
 

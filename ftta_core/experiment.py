@@ -144,6 +144,17 @@ class ExperimentConfig:
         return cls(**data)
 
 
+def local_params(cfg: ExperimentConfig) -> Dict[str, Any]:
+    """The local method's parameters; a method that draws random numbers gets the run's seed unless given one."""
+    from .registry import accepts
+    from .tta import LOCAL_METHODS
+
+    params = dict(cfg.local_params)
+    if accepts(LOCAL_METHODS, cfg.local, "seed"):
+        params.setdefault("seed", cfg.seed)
+    return params
+
+
 def strategy_params(cfg: ExperimentConfig) -> Dict[str, Any]:
     """The strategy's parameters; a strategy that draws random numbers gets the run's seed unless given one."""
     from .registry import accepts
@@ -242,7 +253,7 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     device = resolve_device(cfg.device)
     stream = stream or build_stream(cfg, device, data_root)
     torch.manual_seed(derive_seed(cfg.seed, "engine"))
-    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
+    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
                     build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, cfg.backend, device)
     n_steps = min(len(stream), cfg.max_steps or len(stream))
     if cfg.smoke:
@@ -342,7 +353,7 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     torch.manual_seed(derive_seed(cfg.seed, "engine"))
     cfgs = {name: dataclasses.replace(cfg, strategy=name, strategy_params={}) for name in strategies}
     built = {name: build_strategy(name, **strategy_params(c)) for name, c in cfgs.items()}
-    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
+    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
                     built[strategies[0]], cfg.clients, cfg.backend, device)
     for s in built.values():
         s.reset(cfg.clients)

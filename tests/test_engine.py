@@ -112,7 +112,7 @@ def test_config_errors_name_the_field():
 
 
 SMALL = dict(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "contrast"],
-             clients=4, batch_size=8, images_per_client=40, sh=0.5, th=0.5, device="cpu")
+             clients=4, batch_size=8, images_per_client=40, sh=0.5, th=0.2, device="cpu")  # 5-step slots
 
 
 def test_same_seed_same_table_and_resume_without_loss_or_duplicates(tmp_path, monkeypatch):
@@ -198,3 +198,11 @@ def test_strategies_sharing_the_local_phase_equal_separate_runs(tmp_path, monkey
         assert shared[name].summary["accuracy"] == alone.summary["accuracy"]
     with pytest.raises(ValueError, match="trains or carries state"):
         run_strategies(ExperimentConfig(**SMALL, local="tent", max_steps=2), ["fedavg"])
+
+
+def test_the_run_seed_reaches_local_methods_that_draw_random_numbers():
+    from ftta_core.experiment import local_params
+
+    assert local_params(ExperimentConfig(**SMALL, local="rotta", seed=3))["seed"] == 3
+    assert local_params(ExperimentConfig(**SMALL, local="rotta", local_params={"seed": 5}, seed=3))["seed"] == 5
+    assert "seed" not in local_params(ExperimentConfig(**SMALL, local="tent", seed=3))

@@ -16,6 +16,11 @@ LOCAL_CONFIGS = {
     "tent": {"params": "all", "optimizer": "sgd", "lr": 1e-3},
     "tent_bn_affine": {"params": "bn_affine", "optimizer": "adam", "lr": 1e-3},
     "pl": {"params": "all", "optimizer": "adam", "lr": 1e-4},
+    "eata": {"fisher_source": "digits_cnn_embedded", "fisher_samples": 48, "fisher_batch": 16},
+    "cotta": {"optimizer": "sgd", "lr": 1e-3, "n_augmentations": 2},
+    "roid": {},
+    "rotta": {"memory_size": 8, "update_frequency": 4},
+    "bbn": {"bn_momentum": 0.1},
 }
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .layers import BN_MODES, ClientBatchNorm2d, ClientConv2d, ClientLinear, StatBatchNorm2d
+from .layers import BN_MODES, ClientBatchNorm2d, ClientConv2d, ClientLinear, Normaliser, StatBatchNorm2d
 from ..validation import check_choice
 
 
@@ -102,6 +102,10 @@ class ClientBank(ABC):
         """Statistics [N,2,C] used by the next forward in ``given`` mode."""
 
     @abstractmethod
+    def set_normaliser(self, normaliser: Optional[Normaliser]) -> None:
+        """The object every BN layer asks for its (mean, var) in ``custom`` mode (see ``layers.Normaliser``)."""
+
+    @abstractmethod
     def get_params(self, names: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
         """Detached copies of named parameters stacked over clients [N,...] (default: the trainable ones)."""
 
@@ -157,6 +161,8 @@ class VectorizedBank(ClientBank):
                          if isinstance(m, (ClientConv2d, ClientLinear, ClientBatchNorm2d)) and m.per_client
                          for p_name, _ in m.named_parameters(recurse=False)}
         self._bns = {n: m for n, m in net.named_modules() if isinstance(m, ClientBatchNorm2d)}
+        for n, m in self._bns.items():
+            m.layer = n
         self.optimizer_spec = optimizer
         self.optimizer = optimizer.build([names[n] for n in self.trainable]) if optimizer and self.trainable else None
 
@@ -193,6 +199,10 @@ class VectorizedBank(ClientBank):
     def set_bn_stats(self, stats: Dict[str, torch.Tensor]) -> None:
         for n, m in self._bns.items():
             m.given = stats[n]
+
+    def set_normaliser(self, normaliser: Optional[Normaliser]) -> None:
+        for m in self._bns.values():
+            m.normaliser = normaliser
 
     def get_params(self, names: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
         out = {}
@@ -241,6 +251,9 @@ class LoopBank(ClientBank):
                 for child_name, child in list(parent.named_children()):
                     if isinstance(child, nn.BatchNorm2d) and not isinstance(child, StatBatchNorm2d):
                         setattr(parent, child_name, StatBatchNorm2d(child))
+            for name, m in net.named_modules():
+                if isinstance(m, StatBatchNorm2d):
+                    m.layer, m.client = name, len(self.models)
             params = dict(net.named_parameters())
             for name, p in params.items():
                 p.requires_grad_(name in self.trainable)
@@ -291,6 +304,11 @@ class LoopBank(ClientBank):
         for i in range(self.n_clients):
             for n, m in self._bns(i).items():
                 m.given = stats[n][i]
+
+    def set_normaliser(self, normaliser: Optional[Normaliser]) -> None:
+        for i in range(self.n_clients):
+            for m in self._bns(i).values():
+                m.normaliser = normaliser
 
     def get_params(self, names: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
         names = self.trainable if names is None else names

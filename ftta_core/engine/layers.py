@@ -2,17 +2,46 @@
 
 A layer is either *shared* (one weight for all clients: one big conv over all N*B images) or *per-client*
 (weights with a leading client dimension: grouped convolution / batched matmul). BatchNorm always normalises
-per client; its statistics come from the current batch, from given per-client statistics, or from the source.
+per client; its statistics come from the current batch, from given per-client statistics, from the source, or
+(mode ``custom``) from a *normaliser*: an object the local method installs with ``ClientBank.set_normaliser`` that
+returns the (mean, variance) each BN layer uses, given the layer name and the activations of the clients
+(RobustBN's EMA statistics, class-balanced BN, ...). See ``Normaliser``.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Protocol, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-BN_MODES = ("source", "batch", "given")
+BN_MODES = ("source", "batch", "given", "custom")
+
+
+class Normaliser(Protocol):
+    """What a BN layer in mode ``custom`` asks for its statistics (the extension point for RobustBN, BBN, ...).
+
+    ``x`` holds the layer's input for the clients ``clients`` as ``[n, B, C, HW]`` (all N clients with
+    ``slice(None)`` in the vectorized bank; ``slice(i, i + 1)`` and n = 1 in the loop bank, one client at a time);
+    ``source_mean``/``source_var`` [C] are the layer's source running statistics. Return (mean, biased variance),
+    each ``[n, C]``; they may carry gradients (they are used as they are). A normaliser with per-client state keeps
+    it with a leading client dimension and reads/writes ``state[clients]``, so both backends give the same result.
+    """
+
+    def __call__(self, layer: str, x: torch.Tensor, clients: slice, source_mean: torch.Tensor,
+                 source_var: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def custom_statistics(bn: nn.Module, xv: torch.Tensor, clients: slice) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(mean, var) [n, C] from the normaliser installed in ``bn`` (a ClientBatchNorm2d or StatBatchNorm2d)."""
+    if bn.normaliser is None:
+        raise RuntimeError("BN mode 'custom' needs a normaliser: call ClientBank.set_normaliser first")
+    mean, var = bn.normaliser(bn.layer, xv, clients, bn.running_mean, bn.running_var)
+    shape = (xv.shape[0], xv.shape[2])
+    if tuple(mean.shape) != shape or tuple(var.shape) != shape:
+        raise ValueError(f"normaliser returned statistics of shapes {tuple(mean.shape)}, {tuple(var.shape)} for layer "
+                         f"{bn.layer!r}; expected {shape}")
+    return mean, var
 
 
 def _stack(t: Optional[torch.Tensor], n: int, per_client: bool) -> Optional[nn.Parameter]:
@@ -70,7 +99,7 @@ class ClientLinear(nn.Module):
 
 
 class ClientBatchNorm2d(nn.Module):
-    """BatchNorm2d normalising each client's slice with its own statistics (``mode``: source, batch or given)."""
+    """BatchNorm2d normalising each client's slice with its own statistics (``mode``: source, batch, given, custom)."""
 
     def __init__(self, bn: nn.BatchNorm2d, n_clients: int, per_client: bool) -> None:
         super().__init__()
@@ -81,7 +110,9 @@ class ClientBatchNorm2d(nn.Module):
         self.register_buffer("running_var", bn.running_var.detach().clone())
         self.mode = "source"
         self.given: Optional[torch.Tensor] = None  # [N, 2, C]: mean and (biased) variance
-        self.last: Optional[torch.Tensor] = None  # [N, 2, C] recorded in batch mode
+        self.last: Optional[torch.Tensor] = None  # [N, 2, C] recorded in batch and custom modes
+        self.layer = ""  # the layer's name in the model (set by the bank; passed to the normaliser)
+        self.normaliser: Optional[Normaliser] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.n_clients
@@ -97,6 +128,9 @@ class ClientBatchNorm2d(nn.Module):
             if self.given is None:
                 raise RuntimeError("BN mode 'given' needs statistics: call set_bn_stats first")
             mean, var = self.given[:, 0], self.given[:, 1]
+        elif self.mode == "custom":
+            mean, var = custom_statistics(self, xv, slice(None))
+            self.last = torch.stack([mean, var], 1).detach()
         else:
             mean = self.running_mean.expand(n, c)
             var = self.running_var.expand(n, c)
@@ -108,7 +142,7 @@ class ClientBatchNorm2d(nn.Module):
 
 
 class StatBatchNorm2d(nn.BatchNorm2d):
-    """A plain per-model BatchNorm2d with the same three modes (the loop backend's specification)."""
+    """A plain per-model BatchNorm2d with the same four modes (the loop backend's specification)."""
 
     def __init__(self, bn: nn.BatchNorm2d) -> None:
         super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats,
@@ -117,6 +151,8 @@ class StatBatchNorm2d(nn.BatchNorm2d):
         self.mode = "source"
         self.given: Optional[torch.Tensor] = None  # [2, C]
         self.last: Optional[torch.Tensor] = None
+        self.layer, self.client = "", 0  # name in the model and client index (set by the bank)
+        self.normaliser: Optional[Normaliser] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "batch":
@@ -127,4 +163,12 @@ class StatBatchNorm2d(nn.BatchNorm2d):
             if self.given is None:
                 raise RuntimeError("BN mode 'given' needs statistics: call set_bn_stats first")
             return F.batch_norm(x, self.given[0], self.given[1], self.weight, self.bias, False, 0.0, self.eps)
+        if self.mode == "custom":
+            mean, var = custom_statistics(self, x.reshape(1, x.shape[0], x.shape[1], -1),
+                                          slice(self.client, self.client + 1))
+            self.last = torch.stack([mean[0], var[0]]).detach()
+            # the same arithmetic as ClientBatchNorm2d (x * scale + shift), so both backends agree exactly
+            scale = self.weight * torch.rsqrt(var[0] + self.eps)
+            shift = self.bias - mean[0] * scale
+            return x * scale[None, :, None, None] + shift[None, :, None, None]
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)

@@ -13,6 +13,7 @@ from .fedctta import FedCTTA
 from .fedprox import FedProx
 from .ldawa import LDAWA
 from .moon import MOON
+from .pfedbbn import PFedBBN
 from .pfedgraph import PFedGraph
 from .pfedsd import PFedSD
 
@@ -29,6 +30,7 @@ STRATEGIES: Dict[str, Callable[..., Strategy]] = {
     "pfedsd": PFedSD,
     "fedtsa": FedTSA,
     "fedctta": FedCTTA,
+    "pfedbbn": PFedBBN,
 }
 
 
@@ -38,4 +40,5 @@ def build_strategy(name: str, **params: Any) -> Strategy:
 
 
 __all__ = ["STRATEGIES", "build_strategy", "Strategy", "ServerInputs", "check_collaboration", "row_softmax",
-           "Local", "FedAvg", "FedAvgFT", "FedAvgM", "FedProx", "FedAMP", "PFedGraph", "LDAWA", "MOON", "PFedSD"]
+           "Local", "FedAvg", "FedAvgFT", "FedAvgM", "FedProx", "FedAMP", "PFedGraph", "LDAWA", "MOON", "PFedSD",
+           "PFedBBN"]

@@ -224,11 +224,12 @@ class StateMemory:
         return self.saved.get(kind)
 
     def params(self, bank: ClientBank, kind: str) -> Optional[StateDict]:
-        """The remembered state if it holds exactly the bank's trainable parameters (TTA-grad), else None (TTA-bn)."""
+        """The remembered trainable parameters (TTA-grad; the state may hold more, e.g. a teacher or statistics),
+        or None when it does not hold them all (TTA-bn)."""
         saved = self.saved.get(kind)
-        if not saved or not bank.trainable or set(saved) != set(bank.trainable):
+        if not saved or not bank.trainable or not set(bank.trainable) <= set(saved):
             return None
-        return saved
+        return {k: saved[k] for k in bank.trainable}
 
     def state_dict(self) -> dict:
         """Copies of the remembered states."""

@@ -6,12 +6,22 @@ from typing import Any, Callable, Dict
 from ..registry import build_named
 from .base import GradientMethod, LocalMethod, select_parameters
 from .basic import BatchNormAdapt, PseudoLabel, Source, Tent, entropy
+from .cotta import CoTTA
+from .eata import EATA
+from .roid import ROID
+from .rotta import RoTTA
+from .bbn import BBN
 
 LOCAL_METHODS: Dict[str, Callable[..., LocalMethod]] = {
     "source": Source,
     "bn": BatchNormAdapt,
     "tent": Tent,
     "pl": PseudoLabel,
+    "eata": EATA,
+    "cotta": CoTTA,
+    "roid": ROID,
+    "rotta": RoTTA,
+    "bbn": BBN,
 }
 
 
@@ -21,4 +31,4 @@ def build_local(name: str, **params: Any) -> LocalMethod:
 
 
 __all__ = ["LOCAL_METHODS", "build_local", "LocalMethod", "GradientMethod", "select_parameters", "entropy",
-           "Source", "BatchNormAdapt", "Tent", "PseudoLabel"]
+           "Source", "BatchNormAdapt", "Tent", "PseudoLabel", "EATA", "CoTTA", "ROID", "RoTTA", "BBN"]

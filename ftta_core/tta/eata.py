@@ -1,0 +1,181 @@
+"""EATA (Niu et al., ICML'22): entropy minimisation on reliable, non-redundant samples with an EWC anchor.
+
+Follows ``classification/methods/eata.py`` of mariodoebler/test-time-adaptation (constants for CIFAR-10-C from
+``cfgs/cifar10_c/eata.yaml``, see ``../shared/reference/tta-methods-and-cifar-c.md`` section 2.3):
+
+- reliable: entropy ``H < E0`` with ``E0 = e_margin * ln C`` (0.4 ln C);
+- non-redundant: ``|cos(p_bar, p)| < d_margin`` (0.4) against the client's moving average ``p_bar`` of the softmax of
+  the selected samples (momentum 0.9; no redundancy filter before the first average exists);
+- loss: mean over the selected samples of ``exp(E0 - H) * H`` plus ``fisher_alpha * sum F (theta - theta_0)^2``
+  (alpha 1.0), the Fisher ``F`` being the mean over source batches of squared gradients of the cross-entropy on
+  the model's own argmax, with BN on batch statistics (``fisher_alpha=0`` is ETA).
+
+Per-client state (moving average, Fisher, anchor) has a leading client dimension. Deviation: a client with no
+selected sample gets a zero loss, so SGD leaves it alone but Adam still moves it by its moments (the reference
+skips the step; the bank steps all clients together).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.bank import ClientBank, ForwardOutput, LossFn
+from ..rng import numpy_generator
+from ..training import SOURCE_MODELS
+from ..validation import check_choice
+from .basic import entropy
+from .client_params import AnchoredMethod, Params, param_grads
+
+
+def eata_selection(logits: torch.Tensor, probs: Optional[torch.Tensor], has_probs: Optional[torch.Tensor],
+                   e0: float, d_margin: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Masks [n,B] of reliable samples (``H < e0``) and of selected ones (reliable and ``|cos| < d_margin``).
+
+    ``probs`` [n,K] is each client's moving average of the softmax; clients with ``has_probs`` False (or
+    ``probs`` None) have no average yet and skip the redundancy filter.
+    """
+    reliable = entropy(logits) < e0
+    if probs is None:
+        return reliable, reliable
+    cos = F.cosine_similarity(probs[:, None, :], logits.softmax(-1), dim=-1)
+    fresh = cos.abs() < d_margin
+    return reliable, reliable & (fresh | ~has_probs[:, None])
+
+
+def sample_weights(ent: torch.Tensor, e0: float) -> torch.Tensor:
+    """EATA's re-weighting ``1 / exp(H - E0)`` (detached)."""
+    return torch.exp(e0 - ent.detach())
+
+
+def update_moving_probs(probs: torch.Tensor, has_probs: torch.Tensor, softmax: torch.Tensor, selected: torch.Tensor,
+                        momentum: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per client: ``p_bar <- m p_bar + (1-m) mean(selected softmax)``; the first average is the plain mean.
+
+    A client without selected samples keeps its average (and its ``has_probs`` flag).
+    """
+    count = selected.sum(1)
+    mean = (softmax * selected[..., None]).sum(1) / count.clamp_min(1)[:, None]
+    blended = torch.where(has_probs[:, None], momentum * probs + (1 - momentum) * mean, mean)
+    some = count > 0
+    return torch.where(some[:, None], blended, probs), has_probs | some
+
+
+def ewc_penalty(params: Params, anchor: Params, fisher: Params, clients: slice) -> torch.Tensor:
+    """Per-client ``sum_k F_k (theta_k - theta0_k)^2`` [n] for the clients selected by ``clients``."""
+    terms = [(fisher[k][clients] * (p - anchor[k][clients]) ** 2).flatten(1).sum(1) for k, p in params.items()]
+    return torch.stack(terms).sum(0)
+
+
+def load_source_images(source_model: str, samples: int, seed: int) -> torch.Tensor:
+    """``samples`` random training images [M,C,H,W] in [0,1] of the data the source model ``source_model`` was
+    trained on (its ``SourceSpec`` dataset and loader arguments)."""
+    from ..data import load_dataset
+
+    spec = SOURCE_MODELS[source_model]
+    data = load_dataset(spec.dataset, "train", **spec.dataset_kwargs)
+    idx = numpy_generator(seed, "eata-fisher", source_model).choice(len(data), min(samples, len(data)), replace=False)
+    return data.tensors(idx)[0]
+
+
+def fisher_information(bank: ClientBank, images: torch.Tensor, batch_size: int) -> Params:
+    """Diagonal Fisher [N, ...] of the bank's trainable parameters: mean over batches of images [M,C,H,W] of the
+    squared gradient of the batch-mean cross-entropy on the model's own argmax (BN on batch statistics)."""
+    n = bank.n_clients
+    total: Dict[str, torch.Tensor] = {}
+    batches = 0
+    for start in range(0, len(images), batch_size):
+        xb = images[start:start + batch_size]
+        xb = xb.unsqueeze(0).expand(n, *xb.shape)
+
+        def loss_of(p: Params, xb: torch.Tensor = xb) -> torch.Tensor:
+            logits = bank.forward(xb, "batch", params=p).logits
+            target = logits.argmax(-1).detach()
+            ce = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+            return ce.view(target.shape).mean(1)
+
+        for k, g in param_grads(bank, loss_of).items():
+            total[k] = total[k] + g ** 2 if k in total else g ** 2
+        batches += 1
+    return {k: v / batches for k, v in total.items()}
+
+
+class EATA(AnchoredMethod):
+    """EATA: entropy-filtered, redundancy-filtered, re-weighted entropy minimisation with a Fisher (EWC) anchor.
+
+    ``fisher_source`` names a source model of ``training.SOURCE_MODELS``: the Fisher is computed on the bank's
+    first ``adapt`` from ``fisher_samples`` random images of its training set, in batches of ``fisher_batch``.
+    """
+
+    name = "eata"
+    state_names = ("source", "probs", "has_probs", "fisher")
+
+    def __init__(self, params: str = "bn_affine", optimizer: str = "adam", lr: float = 1e-3, momentum: float = 0.0,
+                 weight_decay: float = 0.0, steps: int = 1, e_margin: float = 0.4, d_margin: float = 0.4,
+                 probs_momentum: float = 0.9, fisher_alpha: float = 1.0, fisher_source: Optional[str] = None,
+                 fisher_samples: int = 500, fisher_batch: int = 200, seed: int = 0) -> None:
+        super().__init__(seed=seed, params=params, optimizer=optimizer, lr=lr, momentum=momentum,
+                         weight_decay=weight_decay, steps=steps)
+        if not e_margin > 0:
+            raise ValueError(f"e_margin (E0 / ln C) must be positive, got {e_margin}")
+        if not d_margin > 0:
+            raise ValueError(f"d_margin must be positive, got {d_margin}")
+        if not 0 <= probs_momentum < 1:
+            raise ValueError(f"probs_momentum must be in [0, 1), got {probs_momentum}")
+        if fisher_alpha < 0:
+            raise ValueError(f"fisher_alpha must be >= 0, got {fisher_alpha}")
+        if fisher_samples < 1 or fisher_batch < 1:
+            raise ValueError(f"fisher_samples and fisher_batch must be >= 1, got {fisher_samples}, {fisher_batch}")
+        if fisher_alpha > 0 and fisher_source is None:
+            raise ValueError("fisher_source: EATA's Fisher regulariser (fisher_alpha > 0) needs source images; name "
+                             f"the source model whose training set gives them ({sorted(SOURCE_MODELS)}), or set "
+                             "fisher_alpha=0 (ETA)")
+        if fisher_source is not None:
+            check_choice("fisher_source", fisher_source, sorted(SOURCE_MODELS))
+        self.e_margin, self.d_margin, self.probs_momentum = e_margin, d_margin, probs_momentum
+        self.fisher_alpha, self.fisher_source = fisher_alpha, fisher_source
+        self.fisher_samples, self.fisher_batch = fisher_samples, fisher_batch
+        self.probs: Optional[torch.Tensor] = None
+        self.has_probs: Optional[torch.Tensor] = None
+        self.fisher: Optional[Params] = None
+        self.last_reliable: Optional[torch.Tensor] = None  # [N] counts of the last step (diagnostics)
+        self.last_selected: Optional[torch.Tensor] = None
+
+    def initialize(self, bank: ClientBank, x: torch.Tensor) -> None:
+        if self.fisher_alpha > 0:
+            images = load_source_images(self.fisher_source, self.fisher_samples, self.seed).to(x.device, x.dtype)
+            self.fisher = fisher_information(bank, images, self.fisher_batch)
+
+    def e0(self, n_classes: int) -> float:
+        """The entropy margin ``E0 = e_margin * ln C``."""
+        return self.e_margin * math.log(n_classes)
+
+    def _select(self, logits: torch.Tensor, clients: slice) -> Tuple[torch.Tensor, torch.Tensor]:
+        probs = None if self.probs is None else self.probs[clients]
+        has = None if self.has_probs is None else self.has_probs[clients]
+        return eata_selection(logits.detach(), probs, has, self.e0(logits.shape[-1]), self.d_margin)
+
+    def loss(self, out: ForwardOutput, params: Dict[str, torch.Tensor], x: torch.Tensor, clients: slice) -> torch.Tensor:
+        ent = entropy(out.logits)
+        _, selected = self._select(out.logits, clients)
+        count = selected.sum(1)
+        loss = (ent * sample_weights(ent, self.e0(out.logits.shape[-1])) * selected).sum(1) / count.clamp_min(1)
+        if self.fisher is not None:
+            loss = loss + self.fisher_alpha * ewc_penalty(params, self.source, self.fisher, clients)
+        return torch.where(count > 0, loss, loss * 0)
+
+    def adapt(self, bank: ClientBank, x: torch.Tensor, regularizer: Optional[LossFn] = None) -> ForwardOutput:
+        self.prepare(bank, x)
+        out = super().adapt(bank, x, regularizer)
+        reliable, selected = self._select(out.logits, slice(None))
+        if self.probs is None:
+            self.probs = torch.zeros(out.logits.shape[0], out.logits.shape[-1], device=out.logits.device,
+                                     dtype=out.logits.dtype)
+            self.has_probs = torch.zeros(out.logits.shape[0], dtype=torch.bool, device=out.logits.device)
+        self.probs, self.has_probs = update_moving_probs(self.probs, self.has_probs, out.logits.softmax(-1), selected,
+                                                         self.probs_momentum)
+        self.last_reliable, self.last_selected = reliable.sum(1), selected.sum(1)
+        self.step += 1
+        return out
