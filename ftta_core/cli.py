@@ -27,6 +27,19 @@ def _key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
     return out
 
 
+def this_command() -> str:
+    """The command line that is running, as a user would type it (written into every generated table)."""
+    return "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def write_markdown(path: Path, body: str) -> None:
+    """Write a generated markdown table whose first line is the command that made it, and print it."""
+    md = f"Made by: `{this_command()}`\n\n{body}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(md)
+    print(md)
+
+
 def _add_run(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run one federated test-time adaptation experiment",
                        description="Run a local TTA method with a server strategy over a shifting test stream. "
@@ -110,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     model = train_model(spec, train, seed=args.seed, device=device, epochs=args.epochs)
     wall = time.perf_counter() - t0
-    command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = this_command()
     metrics = {"epochs": args.epochs or spec.epochs, "device": device, **source_metrics(model, test, device=device)}
     path = save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics),
                            args.out_dir or CHECKPOINT_DIR)
@@ -248,10 +261,7 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
     args.table.parent.mkdir(parents=True, exist_ok=True)
     grid.to_csv(args.table.with_suffix(".runs.csv"), index=False)
     table.to_csv(args.table.with_suffix(".csv"), index=False)
-    command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    md = (f"Made by: `{command}`\n\n" + to_markdown(table))
-    args.table.with_suffix(".md").write_text(md)
-    print(md)
+    write_markdown(args.table.with_suffix(".md"), to_markdown(table))
     return 0
 
 
@@ -284,11 +294,8 @@ def cmd_case_study(args: argparse.Namespace) -> int:
     table = case_study_table(runs)
     table.to_csv(args.out / "table.csv")
     domains = case_study_domains(next(iter(runs.values())))
-    command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    md = (f"Made by: `{command}`\n\nDomains per group and slot:\n\n{markdown_table(domains)}\n"
-          f"Accuracy after mixing (%) per group and slot:\n\n{markdown_table(table)}")
-    (args.out / "table.md").write_text(md)
-    print(md)
+    write_markdown(args.out / "table.md", f"Domains per group and slot:\n\n{markdown_table(domains)}\n"
+                   f"Accuracy after mixing (%) per group and slot:\n\n{markdown_table(table)}")
     return 0
 
 
@@ -334,15 +341,13 @@ def cmd_centralized_tta(args: argparse.Namespace) -> int:
         return 2
     args.table.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.table.with_suffix(".csv"), index=False)
-    command = "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    md = (f"Made by: `{command}`\n\nError (%) of the prediction made while adapting, one client, continual, "
+    write_markdown(args.table.with_suffix(".md"), (
+          "Error (%) of the prediction made while adapting, one client, continual, "
           f"severity {args.severity}, batch {args.batch_size}, {args.images} images per corruption, seed {args.seed}. "
           "Reference: WRN-28 continual benchmark (data/paper_numbers/tta_benchmark_cifar10c.csv)."
           + (f" Not registered, skipped: {', '.join(skipped)}." if skipped else "") + "\n\n"
           + markdown_table(beside_reference(table)) + "\nPer corruption (reference: Tent README, WRN-28):\n\n"
-          + markdown_table(per_corruption_beside(table)))
-    args.table.with_suffix(".md").write_text(md)
-    print(md)
+          + markdown_table(per_corruption_beside(table))))
     return 0
 
 
