@@ -1,0 +1,103 @@
+"""What the server could infer from uploads: how well a client's current corruption can be guessed from them.
+
+Every strategy learns something about its clients from what they upload. Here the question is measured directly:
+run a stream, keep each client's upload of every kind at every step together with the corruption the client was
+seeing, and train a simple classifier (standardised multinomial logistic regression) to guess the corruption from
+one upload. Folds are whole (client, slot) stretches (``GroupKFold``), so a guess is never scored on a step whose
+neighbours of the same client and slot were in training; other clients seeing the same corruption may be. This is
+a probing measure of how much an upload says about the corruption, not an attack the server could run unlabelled.
+The chance level is the most frequent corruption's share.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .experiment import ExperimentConfig, build_stream, local_params, strategy_params
+
+# what each kind of upload is, and which strategies send it
+UPLOAD_KINDS = {
+    "bn_stats": "per-layer BN mean and variance (TTA-bn: every strategy mixes them)",
+    "indicator": "batch mean of the source model's penultimate features (FedTSA)",
+    "feature_mean": "batch mean of the adapted model's penultimate features",
+    "logits_mean": "batch mean of the adapted model's logits",
+    "probe_logits": "mean logits on the noise probes (FedCTTA)",
+}
+
+
+@dataclass
+class CollectedUploads:
+    """Uploads of every kind [M, dim] (M = steps x clients) with the domain, client, step and slot of each row."""
+
+    uploads: Dict[str, np.ndarray]
+    domains: np.ndarray
+    clients: np.ndarray
+    steps: np.ndarray
+    slots: np.ndarray
+    domain_names: tuple
+
+
+def collect_uploads(cfg: ExperimentConfig, max_steps: Optional[int] = None,
+                    data_root: Optional[str] = None) -> CollectedUploads:
+    """Run ``cfg`` and keep every client's uploads at every step (the run itself proceeds as usual)."""
+    from .engine.loop import Engine
+    from .strategies import build_strategy
+    from .training import load_source_model
+    from .tta import build_local
+
+    stream = build_stream(cfg, "cpu", data_root)
+    strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
+    engine = Engine(load_source_model(cfg.model_name), build_local(cfg.local, **local_params(cfg)), strategy,
+                    cfg.clients, cfg.backend, "cpu")
+    n_steps = min(len(stream), max_steps or len(stream))
+    rows: Dict[str, list] = {}
+    meta = {"domains": [], "clients": [], "steps": [], "slots": []}
+    for t in range(n_steps):
+        batch = stream.batch(t)
+        phase = engine.local_phase(batch, strategy)
+        kinds = {k: phase.context[k] for k in ("indicator", "feature_mean", "logits_mean")}
+        if phase.state and engine.local.shares == "bn_stats":
+            kinds["bn_stats"] = torch.cat([v.reshape(cfg.clients, -1) for v in phase.state.values()], 1)
+        probes = strategy.probe_uploads(engine.bank, engine.local, phase.x, t)
+        kinds.update({"probe_logits": v for v in probes.values()})
+        for k, v in kinds.items():
+            rows.setdefault(k, []).append(v.detach().double().cpu().reshape(cfg.clients, -1).numpy())
+        meta["domains"].append(np.asarray(batch.domains))
+        meta["clients"].append(np.arange(cfg.clients))
+        meta["steps"].append(np.full(cfg.clients, t))
+        meta["slots"].append(np.full(cfg.clients, stream.scenario.slot_of(t)))
+        engine.server_phase(phase, strategy)
+    return CollectedUploads({k: np.concatenate(v) for k, v in rows.items()},
+                            *(np.concatenate(meta[k]) for k in ("domains", "clients", "steps", "slots")),
+                            stream.scenario.domain_names)
+
+
+def guess_accuracy(x: np.ndarray, y: np.ndarray, groups: np.ndarray, folds: int = 5) -> float:
+    """Accuracy (%) of a logistic-regression guess of ``y`` from ``x``, cross-validated over ``groups``."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GroupKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    folds = min(folds, len(np.unique(groups)))
+    if folds < 2 or len(np.unique(y)) < 2:
+        raise ValueError("need at least two slots and two domains to cross-validate a guess")
+    model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000))
+    return float(100 * cross_val_score(model, x, y, groups=groups, cv=GroupKFold(folds)).mean())
+
+
+def leakage_table(collected: CollectedUploads, folds: int = 5) -> pd.DataFrame:
+    """Per upload kind: its size and how well the server can guess the client's corruption from one upload."""
+    y = collected.domains
+    groups = collected.clients * (collected.slots.max() + 1) + collected.slots
+    chance = 100 * np.bincount(y).max() / len(y)
+    rows = []
+    for kind, x in collected.uploads.items():
+        rows.append({"upload": kind, "what": UPLOAD_KINDS.get(kind, ""), "values": x.shape[1],
+                     "bytes (float32)": 4 * x.shape[1], "guess accuracy (%)": guess_accuracy(x, y, groups, folds),
+                     "chance (%)": chance})
+    return pd.DataFrame(rows).set_index("upload")

@@ -1,0 +1,32 @@
+"""What the server could infer from uploads: the probing classifier and the upload collection."""
+import numpy as np
+import pytest
+
+from ftta_core.experiment import ExperimentConfig
+from ftta_core.leakage import collect_uploads, guess_accuracy, leakage_table
+
+
+def test_guess_accuracy_separates_informative_from_random_uploads():
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), 40)
+    groups = np.arange(120) // 10
+    informative = np.eye(3)[y] * 5 + rng.normal(size=(120, 3))
+    noise = rng.normal(size=(120, 3))
+    assert guess_accuracy(informative, y, groups) > 90
+    assert guess_accuracy(noise, y, groups) < 60
+    with pytest.raises(ValueError, match="two slots"):
+        guess_accuracy(noise, y, np.zeros(120))
+
+
+def test_collected_uploads_have_one_row_per_client_and_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, batch_size=10,
+                           images_per_client=20, corruptions=["fog", "contrast", "frost"], sh=0.5, th=0.5,
+                           local="bn", strategy="fedctta", device="cpu")
+    got = collect_uploads(cfg, max_steps=6)
+    assert set(got.uploads) == {"indicator", "feature_mean", "logits_mean", "bn_stats", "probe_logits"}
+    assert all(len(v) == 24 for v in got.uploads.values()) and len(got.domains) == 24
+    assert got.uploads["probe_logits"].shape[1] == 10 and got.uploads["indicator"].shape[1] == got.uploads[
+        "feature_mean"].shape[1]
+    table = leakage_table(got, folds=3)
+    assert table["guess accuracy (%)"].between(0, 100).all() and (table["chance (%)"] > 0).all()
