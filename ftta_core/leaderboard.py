@@ -1,0 +1,75 @@
+"""One leaderboard across methods: every local TTA method x every strategy on one protocol, with seed spread.
+
+Each cell is a run of ``base`` with that local method (its settings from ``local_settings``) and strategy (its
+defaults), for every seed; runs are stored under ``results_dir`` like every grid of the workbook (``run_grid``), so
+a leaderboard fills in over sessions and a rerun reads what is stored. The table gives mean, standard deviation,
+the number of seeds and a 95% confidence half-width (Student t over seeds).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .experiment import ExperimentConfig
+from .workbook import run_grid
+
+# the settings each local method runs with on the leaderboard (its reference defaults otherwise); TTA-grad with
+# Tent is the FedTSA/FedCTTA papers' setting (all parameters, SGD 1e-4)
+DEFAULT_LOCAL_SETTINGS: Dict[str, Dict[str, Any]] = {
+    "tent": {"params": "all", "optimizer": "sgd", "lr": 1e-4},
+}
+
+
+def local_settings(name: str, cfg: ExperimentConfig) -> Dict[str, Any]:
+    """The leaderboard's parameters for local method ``name`` under ``cfg`` (EATA's Fisher uses the source data)."""
+    params = dict(DEFAULT_LOCAL_SETTINGS.get(name, {}))
+    if name == "eata":
+        params.setdefault("fisher_source", cfg.model_name)
+    return params
+
+
+def run_leaderboard(base: ExperimentConfig, locals_: Sequence[str], strategies: Sequence[str], seeds: Sequence[int],
+                    results_dir: Optional[Path] = None, only_cached: bool = False,
+                    settings: Optional[Mapping[str, Mapping[str, Any]]] = None) -> pd.DataFrame:
+    """One row per (local, strategy, seed) run with its accuracies (stored runs are read back)."""
+    frames = []
+    for local in locals_:
+        params = dict(settings[local]) if settings and local in settings else local_settings(local, base)
+        cfg = dataclasses.replace(base, local=local, local_params=params)
+        variants = {s: {"strategy": s} for s in strategies}
+        g = run_grid(cfg, variants, seeds, results_dir=results_dir, only_cached=only_cached, progress=False)
+        frames.append(g.rename(columns={"variant": "strategy"}).assign(local=local))
+    grid = pd.concat(frames, ignore_index=True)
+    return grid[["local", "strategy", "seed", *[c for c in grid.columns if c not in ("local", "strategy", "seed")]]]
+
+
+def leaderboard_table(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
+    """Mean, std, seeds and 95% CI half-width of ``value`` per (local, strategy), best first."""
+    from scipy import stats
+
+    g = grid.groupby(["local", "strategy"])[value]
+    table = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1), "seeds": g.size()})
+    dof = (table["seeds"] - 1).clip(lower=1)
+    table["ci95"] = np.where(table["seeds"] > 1, stats.t.ppf(0.975, dof) * table["std"] / np.sqrt(table["seeds"]),
+                             np.nan)
+    return table.sort_values("mean", ascending=False)
+
+
+def leaderboard_heatmap(table: pd.DataFrame, ax=None, title: str = ""):
+    """Heatmap of mean accuracy (rows: local methods, columns: strategies), annotated 'mean ± ci95'."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    ax = ax or plt.gca()
+    means = table["mean"].unstack("strategy")
+    ci = table["ci95"].unstack("strategy").reindex_like(means)
+    labels = means.map(lambda v: "" if pd.isna(v) else f"{v:.1f}") + ci.map(
+        lambda v: "" if pd.isna(v) else f"\n±{v:.1f}")
+    sns.heatmap(means, annot=labels.values, fmt="", cmap="viridis", ax=ax, cbar_kws={"label": "accuracy (%)"},
+                annot_kws={"fontsize": 7})
+    ax.set(xlabel="strategy", ylabel="local method", title=title)
+    return ax
