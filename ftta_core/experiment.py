@@ -134,6 +134,11 @@ class ExperimentConfig:
         """A JSON-friendly dict."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=list))
 
+    def identity(self) -> Dict[str, Any]:
+        """``to_dict`` without the fields this config's scenario does not read: what determines the results.
+        Stored runs are keyed and matched by it, so a changed default of an unread field does not orphan them."""
+        return identity_of(self.to_dict())
+
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ExperimentConfig":
         """Build from a dict (e.g. YAML); unknown keys raise ``ValueError`` naming them."""
@@ -142,6 +147,16 @@ class ExperimentConfig:
         if unknown:
             raise ValueError(f"unknown config field(s) {unknown}; valid: {sorted(names)}")
         return cls(**data)
+
+
+UNREAD_OUTSIDE_HETEROGENEITY = ("sh", "th", "n_steps")
+
+
+def identity_of(config: Dict[str, Any]) -> Dict[str, Any]:
+    """``ExperimentConfig.identity`` of a stored config dict (e.g. a summary's ``config``)."""
+    if config.get("scenario") == "heterogeneity":
+        return dict(config)
+    return {k: v for k, v in config.items() if k not in UNREAD_OUTSIDE_HETEROGENEITY}
 
 
 def local_params(cfg: ExperimentConfig) -> Dict[str, Any]:
@@ -209,6 +224,41 @@ def step_rows(res: StepResult, scenario: Scenario) -> List[Dict[str, Any]]:
 
 
 @dataclass
+class ClassTally:
+    """Per-client, per-true-class samples and correct predictions after mixing, summed over steps ([N, K] each)."""
+
+    counts: Optional[np.ndarray] = None
+    correct: Optional[np.ndarray] = None
+
+    def add(self, res: StepResult) -> None:
+        """Add one step's ``n_by_class`` / ``correct_by_class``."""
+        if res.n_by_class is None or res.correct_by_class is None:
+            return
+        if self.counts is None:
+            self.counts, self.correct = np.zeros_like(res.n_by_class), np.zeros_like(res.correct_by_class)
+        self.counts = self.counts + res.n_by_class
+        self.correct = self.correct + res.correct_by_class
+
+    def state(self) -> Dict[str, Any]:
+        """What a checkpoint keeps (``from_state`` restores it)."""
+        return {"counts": self.counts, "correct": self.correct}
+
+    @classmethod
+    def from_state(cls, state: Dict[str, Any]) -> "ClassTally":
+        """Restore ``state()``."""
+        return cls(state.get("counts"), state.get("correct"))
+
+    def summary(self) -> Dict[str, Any]:
+        """``accuracy_by_class`` (%, all clients; None for a class no client saw) and the per-client tables
+        ``class_counts`` / ``class_correct`` [N][K] (mixed predictions); {} when nothing was recorded."""
+        if self.counts is None:
+            return {}
+        n, c = self.counts.sum(0), self.correct.sum(0)
+        return {"accuracy_by_class": {str(k): (float(100 * c[k] / n[k]) if n[k] else None) for k in range(len(n))},
+                "class_counts": self.counts.tolist(), "class_correct": self.correct.tolist()}
+
+
+@dataclass
 class Results:
     """Tidy per-(step, client) table, W over time [T, N, N] and the summary dict."""
 
@@ -229,12 +279,14 @@ def accuracy_by(steps: pd.DataFrame, column: str) -> Dict[str, Dict[str, float]]
             for kind in ("mixed", "local", "source")}
 
 
-def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device: str, upload_bytes: int) -> dict:
-    """Headline numbers, the config, versions, device and wall time."""
+def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device: str, upload_bytes: int,
+              classes: Optional[ClassTally] = None) -> dict:
+    """Headline numbers, per-domain and (with ``classes``) per-class accuracies, the config, versions, device and
+    wall time."""
     n = steps["n"].sum()
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
             "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
-            "accuracy_by_domain": accuracy_by(steps, "domain"),
+            "accuracy_by_domain": accuracy_by(steps, "domain"), **(classes.summary() if classes is not None else {}),
             "rejected_uploads": int(steps["rejected"].sum()), "upload_bytes_per_client_step": upload_bytes,
             "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
                                                   "torch": torch.__version__, "numpy": np.__version__,
@@ -259,9 +311,10 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     if cfg.smoke:
         n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
     writer = RunWriter(Path(out), cfg) if out is not None else None
-    start, rows, weights = 0, [], []
+    start, rows, weights, classes = 0, [], [], ClassTally()
     if writer is not None:
         start, rows, weights = writer.resume(engine)
+        classes = writer.classes
     t0, upload_bytes = time.perf_counter(), 0
     steps = range(start, n_steps)
     if progress:
@@ -273,15 +326,17 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
         upload_bytes = res.upload_bytes
         slot_rows += step_rows(res, stream.scenario)
         slot_w.append(res.weights)
+        if classes is not None:
+            classes.add(res)
         if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
-            writer.commit(engine, t + 1, slot_rows, slot_w)
+            writer.commit(engine, t + 1, slot_rows, slot_w, classes)
         if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
             rows += slot_rows
             weights += slot_w
             slot_rows, slot_w = [], []
     table = pd.DataFrame(rows)
     collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
-    summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes)
+    summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes)
     if writer is not None:
         writer.finish(table, collab, summary)
     return Results(table, collab, summary)
@@ -294,9 +349,12 @@ class RunWriter:
         self.out, self.cfg = out, cfg
         out.mkdir(parents=True, exist_ok=True)
         self.steps_csv, self.ckpt, self.parts = out / "steps.csv", out / "checkpoint.pt", out / "collaboration_parts"
+        # per-class totals of the committed steps; None after resuming a checkpoint written without them
+        self.classes: Optional[ClassTally] = ClassTally()
 
     def resume(self, engine: Engine):
-        """Restore engine state and completed rows; returns (next_step, rows, weights)."""
+        """Restore engine state, completed rows and per-class totals (``self.classes``); returns
+        (next_step, rows, weights)."""
         if not self.ckpt.exists():
             for p in (self.steps_csv,):
                 p.unlink(missing_ok=True)
@@ -306,6 +364,7 @@ class RunWriter:
             raise ValueError(f"{self.out} holds a run with a different config; use another --out or delete it")
         engine.load_state_dict(state["engine"])
         nxt = state["next_step"]
+        self.classes = ClassTally.from_state(state["classes"]) if "classes" in state else None
         table = pd.read_csv(self.steps_csv) if self.steps_csv.exists() else pd.DataFrame()
         table = table[table["step"] < nxt] if len(table) else table
         table.to_csv(self.steps_csv, index=False)
@@ -313,13 +372,17 @@ class RunWriter:
         weights = [w for p in parts for w in np.load(p)][:nxt]
         return nxt, table.to_dict("records"), weights
 
-    def commit(self, engine: Engine, next_step: int, rows: List[dict], weights: List[np.ndarray]) -> None:
-        """Append a finished slot: rows, W, then the checkpoint (written atomically last)."""
+    def commit(self, engine: Engine, next_step: int, rows: List[dict], weights: List[np.ndarray],
+               classes: Optional[ClassTally] = None) -> None:
+        """Append a finished slot: rows, W, then the checkpoint (with the per-class totals; written atomically last)."""
         pd.DataFrame(rows).to_csv(self.steps_csv, mode="a", header=not self.steps_csv.exists(), index=False)
         self.parts.mkdir(exist_ok=True)
         np.save(self.parts / f"{next_step:08d}.npy", np.stack(weights).astype(np.float32))
         tmp = self.ckpt.with_suffix(".tmp")
-        torch.save({"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step}, tmp)
+        state = {"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step}
+        if classes is not None:
+            state["classes"] = classes.state()
+        torch.save(state, tmp)
         tmp.replace(self.ckpt)
 
     def finish(self, table: pd.DataFrame, collab: np.ndarray, summary: dict) -> None:
@@ -363,6 +426,7 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     rows: Dict[str, List[dict]] = {name: [] for name in strategies}
     weights: Dict[str, List[np.ndarray]] = {name: [] for name in strategies}
     upload = {name: 0 for name in strategies}
+    classes = {name: ClassTally() for name in strategies}
     t0 = time.perf_counter()
     steps = range(n_steps)
     if progress:
@@ -373,11 +437,12 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
             rows[name] += step_rows(res, stream.scenario)
             weights[name].append(res.weights)
             upload[name] = res.upload_bytes
+            classes[name].add(res)
     wall = (time.perf_counter() - t0) / len(strategies)
     out = {}
     for name in strategies:
         table = pd.DataFrame(rows[name])
-        summary = summarize(table, cfgs[name], wall, device, upload[name])
+        summary = summarize(table, cfgs[name], wall, device, upload[name], classes[name])
         summary["shared_pass"] = list(strategies)
         out[name] = Results(table, np.stack(weights[name]), summary)
     return out

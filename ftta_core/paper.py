@@ -2,9 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import TYPE_CHECKING, Dict, Sequence
 
 import pandas as pd
+
+from .experiment import UNREAD_OUTSIDE_HETEROGENEITY
+
+if TYPE_CHECKING:
+    from .experiment import ExperimentConfig
 
 PAPER_DIR = Path(__file__).resolve().parent.parent / "data" / "paper_numbers"
 
@@ -70,3 +75,112 @@ def to_markdown(table: pd.DataFrame) -> str:
         lines.append(f"| {r.method} | {r.setting.upper()} | {r.ours_mean:.2f} ± {r.ours_std:.2f} ({r.seeds}) | "
                      f"{paper} | {diff} |")
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# FedCTTA (Rajib et al.): Table I read from the runs stored by ``fedtsa-table``, beside both papers' numbers.
+
+TABLE1_SETTINGS = ("niid", "iid")
+
+
+def table1_config(dataset: str, setting: str, tta: str, device: str = "auto") -> ExperimentConfig:
+    """The base config of one Table I column, exactly as ``python -m ftta_core fedtsa-table`` builds it (so its
+    stored runs are found by config hash): 20 clients, batch 10, 500 images per client and corruption, severity 5."""
+    from .experiment import ExperimentConfig
+
+    return ExperimentConfig(dataset=dataset, scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
+                            images_per_client=500, severity=5, device=device, backend="vectorized",
+                            **TTA_SETTINGS[tta])
+
+
+# config fields a FedTSA-protocol scenario does not read (their defaults changed over time: older stored runs carry
+# th = 1/15, newer ones 0.02); ignored when matching stored runs to a Table I column
+UNREAD_BY_FEDTSA_SCENARIOS = UNREAD_OUTSIDE_HETEROGENEITY
+
+
+def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: Sequence[int]) -> bool:
+    ignore = {"strategy", "seed", *UNREAD_BY_FEDTSA_SCENARIOS}
+    return (config.get("strategy") in strategies and config.get("seed") in seeds and not config.get("strategy_params")
+            and all(config.get(k) == v for k, v in base.items() if k not in ignore))
+
+
+def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds: Sequence[int],
+                       dataset: str = "cifar10", ttas: Sequence[str] = ("bn", "grad"),
+                       settings: Sequence[str] = TABLE1_SETTINGS) -> pd.DataFrame:
+    """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
+    with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ...).
+
+    A stored summary counts for a column when its config equals ``table1_config`` for that column in every field
+    the scenario reads (the strategy at its defaults); the file names are config hashes, which also change with
+    fields the FedTSA scenarios ignore (``UNREAD_BY_FEDTSA_SCENARIOS``), so the configs are compared instead.
+    """
+    import json
+
+    from .workbook import SUMMARY_KEYS
+
+    summaries = [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("*.json"))]
+    rows = []
+    for tta in ttas:
+        for setting in settings:
+            base = table1_config(dataset, setting, tta).to_dict()
+            for s in summaries:
+                c = s.get("config", {})
+                if _matches_column(c, base, strategies, seeds):
+                    rows.append({"tta": tta, "setting": setting, "strategy": c["strategy"], "seed": c["seed"],
+                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}})
+    columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS]
+    grid = pd.DataFrame(rows, columns=columns) if not rows else pd.DataFrame(rows)
+    if len(grid):  # one run per (column, strategy, seed): a rerun under a newer default replaces nothing twice
+        grid = grid.drop_duplicates(["tta", "setting", "strategy", "seed"], keep="last")
+    return grid.sort_values(["tta", "setting", "strategy", "seed"]).reset_index(drop=True) if len(grid) else grid
+
+
+def missing_table1_runs(grid: pd.DataFrame, strategies: Sequence[str], seeds: Sequence[int],
+                        ttas: Sequence[str] = ("bn", "grad"),
+                        settings: Sequence[str] = TABLE1_SETTINGS) -> pd.DataFrame:
+    """Which (tta, setting, strategy) still lack which seeds in ``grid`` (from ``stored_table1_runs``)."""
+    have = set(zip(grid.get("tta", []), grid.get("setting", []), grid.get("strategy", []), grid.get("seed", [])))
+    rows = []
+    for tta in ttas:
+        for setting in settings:
+            for s in strategies:
+                missing = [seed for seed in seeds if (tta, setting, s, seed) not in have]
+                if missing:
+                    rows.append({"tta": tta, "setting": setting, "method": METHOD_LABELS.get(s, s),
+                                 "missing_seeds": " ".join(map(str, missing)), "stored": len(seeds) - len(missing)})
+    return pd.DataFrame(rows, columns=["tta", "setting", "method", "missing_seeds", "stored"])
+
+
+def _paper_lookup(table: pd.DataFrame, keys: Sequence[tuple], column: str) -> list:
+    return [table.loc[k, column] if k in table.index else float("nan") for k in keys]
+
+
+def beside_fedctta_table1(grid: pd.DataFrame, dataset: str, tta: str, methods: Sequence[str]) -> pd.DataFrame:
+    """Like ``beside_fedtsa_table1`` but against FedCTTA's Table I (``paper_mean``, ``paper_std``, ``difference``),
+    with FedTSA's Table 1 number for the same row kept beside it (``fedtsa_paper_mean``): the two papers report
+    different numbers for the same methods and protocol (e.g. No-Adapt on CIFAR-10-C)."""
+    columns = ["method", "setting", "ours_mean", "ours_std", "seeds", "paper_mean", "paper_std", "difference",
+               "fedtsa_paper_mean"]
+    if grid.empty:
+        return pd.DataFrame(columns=columns)
+    out = beside_fedtsa_table1(grid, dataset, tta, methods)
+    if out.empty:
+        return pd.DataFrame(columns=columns)
+    out = out.rename(columns={"paper_mean": "fedtsa_paper_mean"}).drop(columns=["paper_std", "difference"])
+    paper = paper_table("fedctta_table1")
+    paper = paper[(paper.dataset == dataset) & (paper.tta == tta)].set_index(["method", "setting"])
+    keys = list(zip(out.method, out.setting))
+    out["paper_mean"] = _paper_lookup(paper, keys, "mean")
+    out["paper_std"] = _paper_lookup(paper, keys, "std")
+    out["difference"] = out["ours_mean"] - out["paper_mean"]
+    return out[columns]
+
+
+def beside_fedctta_table4(ours: pd.DataFrame) -> pd.DataFrame:
+    """Our Table IV cells (columns probes, statistic, distance, mean, std, seeds) beside the paper's accuracy, and
+    each cell's rank within its table (1 = best), ours and the paper's."""
+    paper = paper_table("fedctta_table4").rename(columns={"accuracy": "paper"})
+    out = ours.merge(paper, on=["probes", "statistic", "distance"], how="left")
+    out["rank_ours"] = out["mean"].rank(ascending=False, method="min").astype(int)
+    out["rank_paper"] = out["paper"].rank(ascending=False, method="min").astype("Int64")
+    return out

@@ -9,14 +9,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from .experiment import ExperimentConfig, Results, run_experiment
+from .experiment import ExperimentConfig, Results, identity_of, run_experiment
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
 
 
 def config_key(cfg: ExperimentConfig) -> str:
-    """A short stable hash of a config (the cache key of its results)."""
-    return hashlib.sha1(json.dumps(cfg.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    """A short stable hash of what determines a config's results (``ExperimentConfig.identity``): the cache key."""
+    return hashlib.sha1(json.dumps(cfg.identity(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
@@ -152,7 +152,7 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
 
     def stored(s: str) -> bool:
         path = out_dir / s / "summary.json"
-        return path.exists() and json.loads(path.read_text())["config"] == cfgs[s].to_dict()
+        return path.exists() and identity_of(json.loads(path.read_text())["config"]) == cfgs[s].identity()
 
     missing = [s for s in strategies if not stored(s)]
     if missing:

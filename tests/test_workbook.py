@@ -42,3 +42,16 @@ def test_per_domain_table_averages_seeds_and_keeps_one_source_row_per_seed():
     assert table.loc["fedavg", "fog"] == 65.0 and table.loc["fedavg", "seeds"] == 2
     assert table.loc["No-Adapt", "mean"] == 35.0 and table.loc["No-Adapt", "seeds"] == 2
     assert "old" not in table.index
+
+
+def test_cache_key_ignores_only_the_fields_a_scenario_does_not_read():
+    import dataclasses
+
+    from ftta_core.experiment import ExperimentConfig
+    from ftta_core.workbook import config_key
+
+    fixed = ExperimentConfig(scenario="fedtsa_niid")
+    assert config_key(fixed) == config_key(dataclasses.replace(fixed, th=0.5, sh=0.9, n_steps=7))
+    assert config_key(fixed) != config_key(dataclasses.replace(fixed, slot_steps=25))
+    free = ExperimentConfig(scenario="heterogeneity")
+    assert config_key(free) != config_key(dataclasses.replace(free, th=0.5))

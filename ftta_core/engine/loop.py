@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -35,6 +35,8 @@ class StepResult:
     weights: np.ndarray
     rejected: np.ndarray
     upload_bytes: int
+    correct_by_class: Optional[np.ndarray] = None  # [N, K]: correct predictions after mixing, per true class
+    n_by_class: Optional[np.ndarray] = None        # [N, K]: samples per true class
 
 
 @dataclass
@@ -129,6 +131,7 @@ class Engine:
                 seen.append((mixed, logits))
         upload_bytes = sum(int(t[0].numel() * t.element_size()) for t in {**state, **uploads}.values())
         y = phase.y
+        correct_by_class, n_by_class = class_counts(logits.argmax(-1), y, logits.shape[-1])
         return StepResult(
             step=batch.step,
             correct_source=(phase.source_logits.argmax(-1) == y).sum(1).cpu().numpy(),
@@ -139,6 +142,8 @@ class Engine:
             weights=weights.numpy(),
             rejected=(~valid).numpy(),
             upload_bytes=upload_bytes,
+            correct_by_class=correct_by_class,
+            n_by_class=n_by_class,
         )
 
     def shares_local_phase(self) -> bool:
@@ -170,6 +175,13 @@ class Engine:
         self.bank.load_state_dict(state["bank"])
         self.strategy.load_state_dict(state["strategy"])
         self.local.load_state_dict(state.get("local", {}))
+
+
+def class_counts(pred: torch.Tensor, y: torch.Tensor, n_classes: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Per client and true class: correct predictions and samples ([N, K] int64 arrays each) of ``pred`` [N, B]."""
+    onehot = torch.nn.functional.one_hot(y.long(), n_classes)             # [N, B, K]
+    correct = (onehot * (pred == y).unsqueeze(-1)).sum(1)
+    return correct.cpu().numpy().astype(np.int64), onehot.sum(1).cpu().numpy().astype(np.int64)
 
 
 def _same_state_logits(seen: Optional[List[tuple]], mixed: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:

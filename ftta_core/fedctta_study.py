@@ -1,0 +1,322 @@
+"""FedCTTA reproduction helpers: run strategy objects live on a small stream, and the ablation grids of Table IV
+(probe data x statistic x distance) and Fig. 5 (aggregation interval, batch size).
+
+``run_live`` is ``run_experiment`` for a strategy *object* (e.g. FedCTTA with a tensor of clean probe images, which
+a config cannot hold); ``live_grid`` runs named variants over seeds and builds each stream once per config.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .experiment import ExperimentConfig, Results, build_stream, resolve_device, step_rows, strategy_params
+from .rng import derive_seed, numpy_generator
+from .stream import Stream
+from .strategies import build_strategy
+from .strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from .engine.loop import Engine, StepResult
+    from .stream import StreamBatch
+
+# Table IV of the paper: (probe data, statistic, distance), as in data/paper_numbers/fedctta_table4.csv
+TABLE4_CELLS = [(probes, "logits", d) for probes in ("random_noise", "clean_images")
+                for d in ("euclidean", "kl", "cross_entropy", "cosine")] + \
+               [(probes, "features", d) for probes in ("random_noise", "clean_images") for d in ("euclidean", "cosine")]
+
+
+@dataclass
+class Variant:
+    """One live run's setup: a strategy (registry name + parameters, which may hold tensors) and config overrides."""
+
+    strategy: str
+    params: Dict[str, Any] = field(default_factory=dict)
+    config: Dict[str, Any] = field(default_factory=dict)
+
+
+def clean_probe_images(dataset: str, m: int = 64, seed: int = 0) -> torch.Tensor:
+    """``m`` clean training images [M, C, H, W] in [0, 1], drawn without replacement (the paper's 'selected' set)."""
+    from .data import load_dataset
+
+    base = load_dataset(dataset, "train")
+    idx = numpy_generator(seed, "fedctta-clean-probes").choice(len(base), size=m, replace=False)
+    return base.tensors(np.sort(idx))[0]
+
+
+def run_live(cfg: ExperimentConfig, strategy: Strategy, stream: Optional[Stream] = None) -> Results:
+    """Run ``cfg`` with a strategy object (no files): the tidy steps table, W over time and a short summary."""
+    from .engine.loop import Engine
+    from .training import load_source_model
+    from .tta import build_local
+
+    device = resolve_device(cfg.device)
+    stream = stream or build_stream(cfg, device)
+    torch.manual_seed(derive_seed(cfg.seed, "engine"))
+    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
+                    strategy, cfg.clients, cfg.backend, device)
+    n_steps = min(len(stream), cfg.max_steps or len(stream))
+    rows: List[dict] = []
+    weights = []
+    for t in range(n_steps):
+        res = engine.step(stream.batch(t))
+        rows += step_rows(res, stream.scenario)
+        weights.append(res.weights)
+    table = pd.DataFrame(rows)
+    n = table["n"].sum()
+    summary = {f"accuracy{suffix}": 100 * table[f"correct_{kind}"].sum() / n
+               for suffix, kind in (("", "mixed"), ("_local", "local"), ("_source", "source"))}
+    return Results(table, np.stack(weights), {**summary, "steps": n_steps, "strategy": strategy.name})
+
+
+@dataclass
+class FedCTTARound:
+    """One FedCTTA aggregation step opened up: the probes, each client's mean output on them, distances and W."""
+
+    step: int
+    probes: torch.Tensor  # [N, M, C, H, W] (a shared set repeats)
+    statistics: torch.Tensor  # mean logits (or features) on the probes [N, K]
+    distances: torch.Tensor  # ||s_i - s_j|| [N, N] (euclidean) or -similarity for other distances
+    weights: torch.Tensor  # W = row softmax of the similarities [N, N]
+    result: "StepResult"  # the engine's step (its ``weights`` are the W it applied, equal to ``weights``)
+    domains: np.ndarray  # each client's domain id at this step [N]
+
+    @property
+    def engine_weights(self) -> np.ndarray:
+        """The W the engine applied at this step."""
+        return self.result.weights
+
+
+def fedctta_round(engine: "Engine", batch: "StreamBatch") -> FedCTTARound:
+    """Run one engine step with a FedCTTA strategy and return what its server computed, recomputed in the open
+    from the clients' probe statistics (the engine's own W is kept beside it for comparison)."""
+    from .strategies.fedctta import PROBE_UPLOAD, FedCTTA, similarity_matrix, similarity_weights
+
+    strategy = engine.strategy
+    if not isinstance(strategy, FedCTTA):
+        raise TypeError(f"fedctta_round needs a FedCTTA engine, got {strategy.name!r}")
+    phase = engine.local_phase(batch, strategy)
+    probes = strategy.probe_inputs(batch.step, engine.n_clients, tuple(phase.x.shape[2:]))
+    stats = strategy.probe_uploads(engine.bank, engine.local, phase.x, batch.step)[PROBE_UPLOAD].detach().cpu()
+    valid = torch.ones(engine.n_clients, dtype=torch.bool)
+    distances = -similarity_matrix(stats, strategy.distance)
+    weights = similarity_weights(stats, valid, strategy.distance, strategy.temperature)
+    result = engine.server_phase(phase, strategy)
+    return FedCTTARound(batch.step, probes, stats, distances, weights, result, np.asarray(batch.domains))
+
+
+def cluster_groups(domain_map: np.ndarray) -> Dict[str, List[int]]:
+    """Clients that see the same domain sequence (identical rows of the scenario's domain map), named by members."""
+    groups: Dict[tuple, List[int]] = {}
+    for i, row in enumerate(np.asarray(domain_map)):
+        groups.setdefault(tuple(row), []).append(i)
+    return {f"clients {','.join(map(str, m))}": m for m in groups.values()}
+
+
+def build_variant(cfg: ExperimentConfig, variant: Variant) -> Strategy:
+    """The variant's strategy, seeded from the run's seed unless its parameters give one."""
+    seeded = strategy_params(dataclasses.replace(cfg, strategy=variant.strategy, strategy_params={}))
+    return build_strategy(variant.strategy, **{**seeded, **variant.params})
+
+
+def _variant_key(cfg: ExperimentConfig, variant: Variant) -> tuple:
+    """(config hash, parameters that differ from the strategy's defaults; tensors by identity)."""
+    import inspect
+
+    from .strategies import STRATEGIES
+    from .workbook import config_key
+
+    defaults = {k: p.default for k, p in inspect.signature(STRATEGIES[variant.strategy]).parameters.items()}
+    params = tuple(sorted((k, ("tensor", id(v)) if isinstance(v, torch.Tensor) else v)
+                          for k, v in variant.params.items()
+                          if isinstance(v, torch.Tensor) or k not in defaults or defaults[k] != v))
+    return config_key(dataclasses.replace(cfg, strategy=variant.strategy, strategy_params={})), params
+
+
+def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Sequence[int],
+              cache: Optional[Dict[tuple, dict]] = None) -> pd.DataFrame:
+    """Run every variant for every seed (streams built once per config and seed); one row per run.
+
+    With ``cache`` (a dict kept by the caller) a run with the same config, strategy and parameters as one already
+    in it is read back instead of run again (e.g. FedCTTA at its defaults in several grids)."""
+    from .workbook import config_key
+
+    cache = {} if cache is None else cache
+    streams: Dict[str, Stream] = {}
+    rows = []
+    for seed in seeds:
+        for name, variant in variants.items():
+            cfg = dataclasses.replace(base, **variant.config, seed=seed)
+            key = _variant_key(cfg, variant)
+            if key not in cache:
+                stream_key = config_key(dataclasses.replace(cfg, strategy="local", strategy_params={}))
+                if stream_key not in streams:
+                    streams[stream_key] = build_stream(cfg, resolve_device(cfg.device))
+                summary = run_live(cfg, build_variant(cfg, variant), streams[stream_key]).summary
+                cache[key] = {k: summary[k] for k in ("accuracy", "accuracy_local", "accuracy_source")}
+            rows.append({"variant": name, "seed": seed, **cache[key]})
+    return pd.DataFrame(rows)
+
+
+def table4_variants(probe_images: torch.Tensor, baselines: Sequence[str] = ("local", "fedavg")) -> Dict[str, Variant]:
+    """FedCTTA for every Table IV cell ('probes/statistic/distance'), plus baseline strategies by name."""
+    out = {}
+    for probes, statistic, distance in TABLE4_CELLS:
+        params: Dict[str, Any] = {"on": statistic, "distance": distance}
+        if probes == "clean_images":
+            params["probe_images"] = probe_images
+        out[f"{probes}/{statistic}/{distance}"] = Variant("fedctta", params)
+    out.update({b: Variant(b) for b in baselines})
+    return out
+
+
+def split_table4(grid: pd.DataFrame) -> pd.DataFrame:
+    """Mean and std over seeds per Table IV cell, as columns probes, statistic, distance, mean, std, seeds."""
+    cells = grid[grid.variant.str.count("/") == 2]
+    g = cells.groupby("variant", sort=False)["accuracy"]
+    out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "seeds": g.size()}).reset_index()
+    out[["probes", "statistic", "distance"]] = out.pop("variant").str.split("/", expand=True)
+    return out[["probes", "statistic", "distance", "mean", "std", "seeds"]]
+
+
+def interval_variants(intervals: Sequence[int]) -> Dict[str, Variant]:
+    """FedCTTA aggregating every k-th step, for each k (Fig. 5a)."""
+    return {f"interval {k}": Variant("fedctta", {"interval": int(k)}) for k in intervals}
+
+
+def temperature_variants(temperatures: Sequence[float]) -> Dict[str, Variant]:
+    """FedCTTA with W = softmax(-distance / temperature) for each temperature (the paper fixes 1)."""
+    return {f"temperature {t:g}": Variant("fedctta", {"temperature": float(t)}) for t in temperatures}
+
+
+def distance_contrast(distances: np.ndarray, groups: Mapping[str, Sequence[int]]) -> Dict[str, float]:
+    """Mean distance between clients of the same cluster and of different clusters (off-diagonal entries)."""
+    d = np.asarray(distances, dtype=float)
+    label = np.empty(len(d), dtype=int)
+    for k, members in enumerate(groups.values()):
+        label[list(members)] = k
+    same = (label[:, None] == label[None, :]) & ~np.eye(len(d), dtype=bool)
+    other = label[:, None] != label[None, :]
+    return {"within": float(d[same].mean()) if same.any() else float("nan"), "across": float(d[other].mean())}
+
+
+def batch_size_variants(batch_sizes: Sequence[int], images_per_slot: int,
+                        strategies: Sequence[str] = ("local", "fedavg", "fedctta")) -> Dict[str, Variant]:
+    """Each strategy at each batch size (Fig. 5b); a slot keeps ``images_per_slot`` images per client, so larger
+    batches mean fewer steps per distribution (the paper's reading of its batch-size curve)."""
+    return {f"{s} / batch {b}": Variant(s, config={"batch_size": int(b), "slot_steps": max(1, images_per_slot // b)})
+            for b in batch_sizes for s in strategies}
+
+
+def _points(a: float, b: float) -> str:
+    """'a - b' as signed points."""
+    return f"{a - b:+.2f} points"
+
+
+def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[str, float], table4: pd.DataFrame,
+            grad_refs: Mapping[str, float], interval: pd.DataFrame, temperature: pd.DataFrame, batch: pd.DataFrame,
+            cost: pd.DataFrame, table1: pd.DataFrame, rounds: Optional[pd.DataFrame] = None) -> str:
+    """The notebook's interpretation, written from the numbers it computed (every comparison is computed here).
+
+    ``walk``: accuracy per strategy label (Local, FedAvg, FedCTTA) on the digits stream; ``shares``:
+    ``workbook.group_weight_shares`` of FedCTTA's W; ``contrast``: ``distance_contrast`` at the opened step;
+    ``table4``: ``paper.beside_fedctta_table4``; ``grad_refs``: Local and FedAvg under TTA-grad; ``interval`` /
+    ``temperature``: rows with columns interval / temperature and accuracy; ``batch``: columns strategy, batch,
+    accuracy; ``cost``: ``server_cost.scaling_table``; ``table1``: ``paper.stored_table1_runs``; ``rounds``: the
+    benchmark's memory-over-rounds rows (strategy, round, retained_bytes).
+    """
+    out = []
+    ctta, avg, loc = walk["FedCTTA"], walk["FedAvg"], walk["Local"]
+    own_self = float(shares["self"].mean())
+    own_group = float(shares["own group (others)"].mean())
+    by_t = temperature.groupby("temperature")["accuracy"].mean()
+    best_t = float(by_t.idxmax())
+    out.append(
+        f"**Digits stream (TTA-bn).** FedCTTA reaches {ctta:.2f}% against {avg:.2f}% for FedAvg "
+        f"({_points(ctta, avg)}) and {loc:.2f}% for Local ({_points(ctta, loc)}). The probe statistic does "
+        f"{'' if contrast['within'] < contrast['across'] else 'not '}separate the clusters: at the opened step "
+        f"clients of one cluster are {contrast['within']:.1f} apart and clients of different clusters "
+        f"{contrast['across']:.1f}. But W = softmax(-distance) at temperature 1 turns even the within-cluster "
+        f"distance into a small weight: on average a client keeps {100 * own_self:.1f}% of its weight on itself and "
+        f"gives {100 * own_group:.1f}% to the other members of its cluster, so FedCTTA behaves "
+        f"{'almost like Local' if own_self > 0.9 else 'unlike Local'} here. The logit scale of the model sets how "
+        f"sharp W is; over the temperatures tried, FedCTTA is best at {best_t:g} ({by_t.max():.2f}%, "
+        f"{_points(by_t.max(), loc)} over Local).")
+    best = table4.sort_values("mean", ascending=False).iloc[0]
+    eu = table4[(table4.probes == "random_noise") & (table4.statistic == "logits") & (table4.distance == "euclidean")]
+    kl = table4[(table4.statistic == "logits") & table4.distance.isin(["kl", "cross_entropy"])]
+    same_kl_ce = all(np.isclose(g["mean"].iloc[0], g["mean"].iloc[-1]) for _, g in kl.groupby("probes"))
+    spread = float(table4["mean"].max() - table4["mean"].min())
+    text = (f"**Table IV on digits.** The best cell is {best.probes} / {best.statistic} / {best.distance} "
+            f"({best['mean']:.2f}%); the paper's choice (noise, logits, Euclidean) gives "
+            f"{float(eu['mean'].iloc[0]):.2f}% (rank {int(eu.rank_ours.iloc[0])} of {len(table4)}); the cells span "
+            f"{spread:.2f} points.")
+    if len(kl):
+        text += f" KL and cross entropy give {'identical' if same_kl_ce else 'different'} accuracies" + \
+            (", as the row softmax implies." if same_kl_ce else ".")
+    cosine = table4[table4.distance == "cosine"]
+    if len(cosine):
+        from .paper import paper_table
+
+        p1 = paper_table("fedctta_table1").set_index(["method", "dataset", "setting", "tta"])["mean"]
+        p_avg, p_loc = p1[("FedAvg", "cifar10", "niid", "grad")], p1[("Local", "cifar10", "niid", "grad")]
+        other = table4[table4.distance != "euclidean"]["paper"]
+        text += (f" Cosine similarities lie in [-1, 1], so their row softmax stays near uniform (no two weights of a "
+                 f"row differ by more than a factor e^2): the cosine cells "
+                 f"average {cosine['mean'].mean():.2f}%, {_points(cosine['mean'].mean(), avg)} from FedAvg and "
+                 f"{_points(cosine['mean'].mean(), loc)} from Local. The paper's own non-Euclidean cells "
+                 f"({other.min():.2f}-{other.max():.2f}) sit "
+                 f"near its FedAvg ({p_avg:.2f}) and below its Local ({p_loc:.2f}) in the same setting (Table I, NIID "
+                 "TTA-grad), which a near-uniform W would also produce.")
+    if grad_refs:
+        gap = abs(grad_refs["FedAvg"] - grad_refs["Local"])
+        text += (f" Under TTA-grad on this stream (SGD lr 1e-4) Local and FedAvg differ by {gap:.2f} points "
+                 f"(TTA-bn: {abs(avg - loc):.2f}), so W has much less to act on there; that is why the grid uses "
+                 "TTA-bn.")
+    out.append(text)
+    by_k = interval.groupby("interval")["accuracy"].mean()
+    by_b = batch.groupby(["strategy", "batch"])["accuracy"].mean().unstack("strategy")
+    best_b = int(by_b["fedctta"].idxmax())
+    out.append(f"**Fig. 5 on digits.** Aggregating every step gives {by_k.iloc[0]:.2f}%, every {by_k.index[-1]} "
+               f"steps {by_k.iloc[-1]:.2f}% ({_points(by_k.iloc[-1], by_k.iloc[0])}). Across batch sizes FedCTTA is "
+               f"best at batch {best_b} ({by_b['fedctta'].max():.2f}%) and "
+               f"{'above' if (by_b['fedctta'] > by_b['fedavg']).all() else 'not always above'} FedAvg at every size.")
+    if len(cost):
+        big = cost[cost.clients == cost.clients.max()].set_index("strategy")
+        ratio = big.loc["FedTSA", "s_per_round"] / big.loc["FedCTTA", "s_per_round"]
+        how = " (extrapolated from fewer timed server steps)" if bool(big.loc["FedTSA", "extrapolated"]) else ""
+        text = (f"**Server cost.** At {int(cost.clients.max())} clients a FedTSA round (100 server steps) takes "
+                f"{big.loc['FedTSA', 's_per_round']:.1f} s{how}, {ratio:.0f}x FedCTTA's "
+                f"{big.loc['FedCTTA', 's_per_round']:.3f} s (FedAvg: {big.loc['FedAvg', 's_per_round']:.3f} s), "
+                f"and FedTSA holds {big.loc['FedTSA', 'held_bytes'] / 2**20:.1f} MB between rounds against "
+                f"{big.loc['FedCTTA', 'held_bytes']:.0f} B for FedCTTA.")
+        if rounds is not None and len(rounds):
+            late = rounds[rounds["round"] >= 10]
+            flat = all(g.retained_bytes.nunique() == 1 for _, g in late.groupby("strategy"))
+            text += (f" From round 10 to round {int(rounds['round'].max())} the memory held "
+                     f"{'stays constant for every strategy' if flat else 'still changes for some strategy'}.")
+        out.append(text + " FedCTTA's own cost sits where the probes run: N x 64 forwards per round.")
+    have = set(table1.strategy) if len(table1) else set()
+    parts = []
+    if {"fedctta", "fedtsa", "fedavg"} <= have:
+        m = table1.groupby(["tta", "setting", "strategy"])["accuracy"].mean()
+        for (tta, setting) in sorted({(t, s) for t, s, _ in m.index}):
+            row = m.loc[(tta, setting)]
+            if {"fedctta", "fedtsa", "fedavg"} <= set(row.index):
+                parts.append(f"TTA-{tta} {setting.upper()}: FedCTTA {row['fedctta']:.2f}, FedTSA {row['fedtsa']:.2f},"
+                             f" FedAvg {row['fedavg']:.2f}")
+    if parts:
+        out.append("**CIFAR-10-C (stored runs, mean over the seeds stored).** " + "; ".join(parts) + ".")
+    else:
+        out.append("**CIFAR-10-C.** The stored runs do not yet hold FedCTTA, FedTSA and FedAvg for one column, so "
+                   "whether FedCTTA beats them on our setup, as the paper claims, is still open (see the "
+                   "missing-runs table).")
+    return "\n\n".join(out)
+
+
+__all__ = ["TABLE4_CELLS", "Variant", "FedCTTARound", "fedctta_round", "cluster_groups", "clean_probe_images", "run_live", "build_variant", "live_grid",
+           "table4_variants", "split_table4", "interval_variants", "batch_size_variants", "temperature_variants", "distance_contrast", "reading"]

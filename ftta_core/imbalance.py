@@ -1,0 +1,280 @@
+"""Class imbalance (pFedBBN): the Table 1 grid over Dirichlet label skew, class-wise and major/minor-class accuracy,
+read from stored run summaries (``class_counts`` / ``class_correct`` [N][K], ``accuracy_by_domain``) only."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from .experiment import ALL_CORRUPTIONS, ExperimentConfig, build_scenario
+from .paper import paper_table
+
+TABLE1_METHODS = ("tent", "cotta", "roid", "rotta", "bbn")
+TABLE1_STRATEGIES = ("local", "fedavg", "fedprox", "fedavgm", "pfedgraph", "fedamp")
+FULL_METHOD = ("bbn", "pfedbbn")  # pFedBBN = BBN clients + the pFedBBN server
+TABLE1_ALPHAS: Tuple[Optional[float], ...] = (None, 0.1, 0.01, 0.001)
+# ASSUMED alpha of the paper's Non-IID columns 2, 3, 4 (left to right): the values were lost in extraction
+# (data/paper_numbers/pfedbbn_table1.csv keeps the column position only)
+PAPER_NONIID_ALPHAS: Tuple[float, ...] = (0.1, 0.01, 0.001)
+STRATEGY_LABELS = {"local": "None-Fed", "fedavg": "FedAvg", "fedprox": "FedProx", "fedavgm": "FedAvgM",
+                   "pfedgraph": "pFedGraph", "fedamp": "FedAMP", "pfedbbn": "pFedBBN"}
+METHOD_LABELS = {"source": "Source", "bn": "BN", "tent": "Tent", "eata": "EATA", "cotta": "CoTTA", "roid": "ROID",
+                 "rotta": "RoTTA", "bbn": "BBN"}
+SOURCE_ROW = ("Any", "Source")
+
+
+def setting_label(alpha: Optional[float]) -> str:
+    """'IID' for no label skew, else 'alpha=<value>'."""
+    return "IID" if alpha is None else f"alpha={alpha:g}"
+
+
+def local_settings(method: str, model_name: str) -> Dict[str, Any]:
+    """The benchmark's settings of a local method (``centralized.REFERENCE_PARAMS``), without the seed: the run's
+    seed reaches the method through the config, so one variant serves every seed."""
+    from .centralized import method_params
+
+    params = method_params(method, model_name, seed=0)
+    params.pop("seed", None)
+    return params
+
+
+def pfedbbn_config(dataset: str = "cifar10", clients: int = 10, batch_size: int = 200, images_per_client: int = 1000,
+                   corruptions: Sequence[str] | str = ALL_CORRUPTIONS, severity: int = 5,
+                   scenario: str = "fedtsa_niid", device: str = "auto", **fields: Any) -> ExperimentConfig:
+    """pFedBBN's protocol: 10 clients, batch 200, the corruptions at severity 5 in FedTSA's 4-area map (clients in
+    4 groups on different corruptions at a time), 1,000 images per client and corruption (75 rounds of 5 per
+    corruption, the rounds of the paper's Tables 4-5); method, strategy and ``label_alpha`` come per variant."""
+    return ExperimentConfig(dataset=dataset, scenario=scenario, clients=clients, batch_size=batch_size,
+                            images_per_client=images_per_client, corruptions=corruptions, severity=severity,
+                            device=device, **fields)
+
+
+def table1_variants(base: ExperimentConfig, methods: Sequence[str] = TABLE1_METHODS,
+                    strategies: Sequence[str] = TABLE1_STRATEGIES,
+                    alphas: Sequence[Optional[float]] = TABLE1_ALPHAS,
+                    full_method: bool = True) -> Dict[str, Dict[str, Any]]:
+    """The Table 1 grid as ``run_grid`` variants: every method x strategy (+ BBN x pFedBBN) x alpha."""
+    pairs = [(m, s) for m in methods for s in strategies]
+    if full_method and FULL_METHOD not in pairs:
+        pairs.append(FULL_METHOD)
+    return {f"{m}+{s} {setting_label(a)}": {"local": m, "local_params": local_settings(m, base.model_name),
+                                             "strategy": s, "strategy_params": {}, "label_alpha": a}
+            for a in alphas for m, s in pairs}
+
+
+def variant_cells(variants: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """Method, strategy, alpha and setting of each variant (index: variant name)."""
+    rows = {name: {"method": v["local"], "strategy": v["strategy"], "alpha": v.get("label_alpha"),
+                   "setting": setting_label(v.get("label_alpha"))} for name, v in variants.items()}
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def class_arrays(summary: Mapping[str, Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """(counts, correct) [N, K] of a run summary's mixed predictions per client and true class."""
+    if "class_counts" not in summary:
+        raise KeyError("summary has no class_counts: it was written before per-class recording (rerun it)")
+    return np.asarray(summary["class_counts"], dtype=np.int64), np.asarray(summary["class_correct"], dtype=np.int64)
+
+
+def macro_class_accuracy(counts: np.ndarray, correct: np.ndarray) -> float:
+    """Mean over the classes with samples of the per-class accuracy (%) pooled over clients ([N, K] or [K])."""
+    n, c = np.atleast_2d(counts).sum(0), np.atleast_2d(correct).sum(0)
+    seen = n > 0
+    return float(np.mean(100 * c[seen] / n[seen])) if seen.any() else float("nan")
+
+
+def run_rows(summaries: Mapping[tuple, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per stored run ({(variant, seed): summary}, e.g. ``workbook.stored_summaries``)."""
+    rows = []
+    for (name, seed), s in summaries.items():
+        c = s["config"]
+        macro = macro_class_accuracy(*class_arrays(s)) if "class_counts" in s else float("nan")
+        rows.append({"variant": name, "seed": seed, "method": c["local"], "strategy": c["strategy"],
+                     "alpha": c.get("label_alpha"), "setting": setting_label(c.get("label_alpha")),
+                     "accuracy": s["accuracy"], "accuracy_local": s["accuracy_local"],
+                     "accuracy_source": s["accuracy_source"], "class_macro": macro})
+    columns = ["variant", "seed", "method", "strategy", "alpha", "setting", "accuracy", "accuracy_local",
+               "accuracy_source", "class_macro"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def missing_runs(rows: pd.DataFrame, variants: Mapping[str, Any], seeds: Sequence[int]) -> pd.DataFrame:
+    """Which variants lack which seeds among ``rows`` (from ``run_rows``)."""
+    have = set(zip(rows["variant"], rows["seed"]))
+    out = [{"variant": v, "missing_seeds": " ".join(str(s) for s in seeds if (v, s) not in have)}
+           for v in variants if any((v, s) not in have for s in seeds)]
+    return pd.DataFrame(out, columns=["variant", "missing_seeds"])
+
+
+def paper_column(alpha: Optional[float]) -> Optional[int]:
+    """The column of the paper's Table 1 for ``alpha`` (1 = IID; 2-4 under the assumed ``PAPER_NONIID_ALPHAS``)."""
+    if alpha is None:
+        return 1
+    matches = [i for i, a in enumerate(PAPER_NONIID_ALPHAS) if np.isclose(a, alpha)]
+    return matches[0] + 2 if matches else None
+
+
+def _paper_value(paper: pd.DataFrame, strategy: str, method: str, alpha: Optional[float]) -> float:
+    col = paper_column(alpha)
+    hit = paper[(paper.strategy == strategy) & (paper.method == method) & (paper.column == col)]
+    return float(hit.accuracy.iloc[0]) if len(hit) else float("nan")
+
+
+def beside_paper_table1(rows: pd.DataFrame, variants: Mapping[str, Mapping[str, Any]],
+                        dataset: str = "cifar10") -> pd.DataFrame:
+    """Table 1 long form: per (strategy, method, setting) ours (mean, std, seeds; NaN and 0 seeds where no run is
+    stored) beside the paper's number; a Source row per setting (ours: the source model on the same stream)."""
+    paper = paper_table("pfedbbn_table1")
+    paper = paper[paper.dataset == dataset]
+    cells = variant_cells(variants)
+    out = []
+    for (setting, alpha), _ in cells.groupby(["setting", cells["alpha"].fillna(-1.0)], sort=False):
+        alpha = None if alpha == -1.0 else float(alpha)
+        here = rows[rows.setting == setting]
+        source = here.groupby("seed")["accuracy_source"].first()
+        entries = [(SOURCE_ROW, source)]
+        for m, s in cells[cells.setting == setting][["method", "strategy"]].itertuples(index=False):
+            values = here[(here.method == m) & (here.strategy == s)]["accuracy"]
+            entries.append(((STRATEGY_LABELS.get(s, s), METHOD_LABELS.get(m, m)), values))
+        for (strategy, method), values in entries:
+            out.append({"strategy": strategy, "method": method, "setting": setting, "ours": values.mean(),
+                        "std": values.std(ddof=1) if len(values) > 1 else 0.0 if len(values) else float("nan"),
+                        "seeds": len(values), "paper": _paper_value(paper, strategy, method, alpha)})
+    table = pd.DataFrame(out, columns=["strategy", "method", "setting", "ours", "std", "seeds", "paper"])
+    table["ours - paper"] = table["ours"] - table["paper"]
+    return table
+
+
+def table1_wide(long: pd.DataFrame) -> pd.DataFrame:
+    """``beside_paper_table1`` as the paper's layout: rows (strategy, method), columns (setting, ours | paper)."""
+    wide = long.pivot_table(index=["strategy", "method"], columns="setting", values=["ours", "paper"], sort=False,
+                            dropna=False)
+    order = list(dict.fromkeys(zip(long.strategy, long.method)))
+    settings = list(dict.fromkeys(long.setting))
+    wide = wide.swaplevel(0, 1, axis=1)
+    return wide.reindex(index=pd.MultiIndex.from_tuples(order, names=["strategy", "method"]),
+                        columns=pd.MultiIndex.from_product([settings, ["ours", "paper"]]))
+
+
+def class_accuracy_table(groups: Mapping[str, Sequence[Mapping[str, Any]]]) -> pd.DataFrame:
+    """Per-class accuracy (%) of the mixed predictions, pooled over clients and the runs of each group (rows).
+
+    Columns: one per class (NaN: no sample of that class), ``macro`` (mean over classes with samples),
+    ``avg (absent=0)`` (mean over all classes counting absent ones as 0: the paper's Table 3 'Avg'), ``overall``
+    (all predictions) and ``absent`` (classes without samples)."""
+    rows = {}
+    for label, summaries in groups.items():
+        if not summaries:
+            continue
+        counts = sum(class_arrays(s)[0].sum(0) for s in summaries)
+        correct = sum(class_arrays(s)[1].sum(0) for s in summaries)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            acc = np.where(counts > 0, 100 * correct / np.maximum(counts, 1), np.nan)
+        row = {f"C{k}": acc[k] for k in range(len(acc))}
+        row.update({"macro": float(np.nanmean(acc)) if (counts > 0).any() else float("nan"),
+                    "avg (absent=0)": float(np.nan_to_num(acc).mean()),
+                    "overall": float(100 * correct.sum() / counts.sum()),
+                    "absent": " ".join(f"C{k}" for k in np.flatnonzero(counts == 0)) or "-"})
+        rows[label] = row
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def paper_class_table(dataset: str = "cifar10") -> pd.DataFrame:
+    """The paper's Table 3 (alpha = 0.01) as rows (method, strategy) x columns C0..C9, Avg."""
+    t = paper_table("pfedbbn_table3")
+    t = t[t.dataset == dataset].assign(column=lambda d: ["Avg" if c == "avg" else f"C{c}" for c in d["class"]])
+    wide = t.pivot_table(index=["method", "strategy"], columns="column", values="accuracy", sort=False)
+    return wide[[c for c in wide.columns if c != "Avg"] + ["Avg"]]
+
+
+def class_distribution(summary: Mapping[str, Any]) -> pd.DataFrame:
+    """Samples per client (rows) and true class (columns C0..): the label skew the run saw."""
+    counts, _ = class_arrays(summary)
+    return pd.DataFrame(counts, columns=[f"C{k}" for k in range(counts.shape[1])]).rename_axis("client")
+
+
+def major_minor_table(summary: Mapping[str, Any]) -> pd.DataFrame:
+    """Per client: its major class (most samples) and minor class (fewest samples among the classes it has; ties go
+    to the lower class id), their sample counts and accuracies (%), and the client's accuracy (pFedBBN Fig 4)."""
+    counts, correct = class_arrays(summary)
+    rows = []
+    for i, (n, c) in enumerate(zip(counts, correct)):
+        major = int(np.argmax(n))
+        present = np.flatnonzero(n > 0)
+        minor = int(present[np.argmin(n[present])])
+        rows.append({"client": i, "major": major, "n_major": int(n[major]), "acc_major": 100 * c[major] / n[major],
+                     "minor": minor, "n_minor": int(n[minor]), "acc_minor": 100 * c[minor] / n[minor],
+                     "classes_seen": len(present), "accuracy": 100 * c.sum() / n.sum()})
+    return pd.DataFrame(rows).set_index("client")
+
+
+def major_minor_plot(table: pd.DataFrame, ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Grouped bars per client: accuracy on its major and on its minor class (from ``major_minor_table``)."""
+    ax = ax or plt.gca()
+    x = np.arange(len(table))
+    ax.bar(x - 0.2, table["acc_major"], 0.4, label="major class")
+    ax.bar(x + 0.2, table["acc_minor"], 0.4, label="minor class")
+    ax.set_xticks(x, [f"{i}\n(C{a}/C{b})" for i, a, b in zip(table.index, table["major"], table["minor"])], fontsize=7)
+    ax.set(xlabel="client (major / minor class)", ylabel="accuracy (%)", ylim=(0, 105), title=title)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def per_domain_plot(table: pd.DataFrame, ax: Optional[plt.Axes] = None, title: str = "") -> plt.Axes:
+    """Bars of accuracy (%) per domain (x) and row of ``workbook.per_domain_table`` (hue) (pFedBBN Fig 3)."""
+    ax = ax or plt.gca()
+    domains = [c for c in table.columns if c not in ("mean", "seeds")]
+    table[domains].T.plot.bar(ax=ax, width=0.8)
+    ax.set(ylabel="accuracy (%)", title=title)
+    ax.legend(fontsize=7, ncol=2)
+    return ax
+
+
+def same_domain_weight(weights: np.ndarray, cfg: ExperimentConfig) -> pd.DataFrame:
+    """How client i's weight in W [T, N, N] splits between itself, peers on the same domain at that step and the
+    others, averaged over steps (rows: clients); ``uniform same-domain`` is the share FedAvg would give them."""
+    scenario = build_scenario(cfg)
+    w = np.asarray(weights)
+    rows = []
+    for i in range(w.shape[1]):
+        same, uniform = [], []
+        for t in range(w.shape[0]):
+            dom = scenario.domains_at(t)
+            peers = (dom == dom[i]) & (np.arange(len(dom)) != i)
+            same.append(w[t, i, peers].sum())
+            uniform.append(peers.sum() / len(dom))
+        own = w[:, i, i].mean()
+        rows.append({"client": i, "self": own, "same domain": float(np.mean(same)),
+                     "other domains": float(1 - own - np.mean(same)), "uniform same-domain": float(np.mean(uniform))})
+    return pd.DataFrame(rows).set_index("client")
+
+
+def stored_runs(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path | str, compute: bool,
+                progress: bool = False) -> Optional[Dict[str, Any]]:
+    """``workbook.run_stored`` (W kept); with ``compute=False`` only when every strategy is already stored with
+    this config, else None (nothing runs)."""
+    from .workbook import run_stored
+
+    if not compute:
+        for s in strategies:
+            path = Path(out_dir) / s / "summary.json"
+            want = dataclasses.replace(base, strategy=s, strategy_params={}).to_dict()
+            if not path.exists() or json.loads(path.read_text())["config"] != want:
+                return None
+    return run_stored(base, strategies, Path(out_dir), progress=progress)
+
+
+def group_summaries(summaries: Mapping[tuple, Mapping[str, Any]], cells: pd.DataFrame,
+                    setting: str) -> Dict[str, List[Mapping[str, Any]]]:
+    """The summaries of one setting grouped by 'Method / Strategy' label (for ``class_accuracy_table``)."""
+    out: Dict[str, List[Mapping[str, Any]]] = {}
+    for (name, _seed), s in summaries.items():
+        if name in cells.index and cells.at[name, "setting"] == setting and "class_counts" in s:
+            m, st = cells.at[name, "method"], cells.at[name, "strategy"]
+            out.setdefault(f"{METHOD_LABELS.get(m, m)} / {STRATEGY_LABELS.get(st, st)}", []).append(s)
+    return out
