@@ -351,13 +351,81 @@ def cmd_centralized_tta(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_fedicon(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fedicon", help="FedICON and its baselines on the digit domains under covariate shift",
+                       description="Train FedICON and the FL/TTA baselines on the digit domains (one client per "
+                                   "domain, test sets corrupted at severity 5) and write the Table 1 shape as "
+                                   "OUT/table.md; per-run results are cached under OUT/cache.")
+    p.add_argument("--methods", nargs="+", help="methods of ftta_core.fedicon.METHODS (default: Table 1's)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--local-epochs", type=int, default=1, dest="local_epochs")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--tau", type=float, default=0.1)
+    p.add_argument("--n-train", type=int, default=300, dest="n_train", help="training images per domain")
+    p.add_argument("--n-test", type=int, default=200, dest="n_test", help="test images per domain")
+    p.add_argument("--out", type=Path, default=Path("figures/fedicon"))
+    p.set_defaults(func=cmd_fedicon)
+
+
+def cmd_fedicon(args: argparse.Namespace) -> int:
+    from .fedicon import TABLE1_METHODS, TrainConfig, TTAConfig, digit_covariate_clients, method_table, run_methods
+    from .fedicon.data import DIGIT_CLIENT_DOMAINS
+    from .workbook import markdown_table
+
+    try:
+        cfg = TrainConfig(rounds=args.rounds, local_epochs=args.local_epochs, lr=args.lr, tau=args.tau,
+                          cls_rounds=args.rounds)
+        setting = {"name": "digits-covariate", "n_train": args.n_train, "n_test": args.n_test, "severity": 5,
+                   "corruptions": "all 15"}
+        methods = args.methods or list(TABLE1_METHODS)
+        rows = run_methods(args.out / "cache", setting, methods, args.seeds,
+                           lambda seed: digit_covariate_clients(args.n_train, args.n_test, seed), "cnn2", cfg,
+                           TTAConfig(tau=args.tau))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_markdown(args.out / "table.md", "Accuracy (%) per client (its own digit domain, corrupted), seeds "
+                   f"{args.seeds}, {args.rounds} rounds x {args.local_epochs} local epochs.\n\n"
+                   + markdown_table(method_table(rows, methods, list(DIGIT_CLIENT_DOMAINS))))
+    return 0
+
+
+def _add_fedacross(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("fedacross", help="FedAcross+: pre-train the server model (ResNet-18 + adaptation module)",
+                       description="Pre-train a FedAcross+ server model recipe (ftta_core.fedacross.RECIPES) on its "
+                                   "source data set and write data/checkpoints/fedacross/NAME.{pt,json}. The "
+                                   "client-side experiments live in notebooks/50_fedacross.ipynb.")
+    p.add_argument("action", choices=["pretrain"])
+    p.add_argument("--recipe", default="fedacross_resnet18_cifar10")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epochs", type=float, help="override the recipe's epoch budget")
+    p.add_argument("--max-images", type=int, dest="max_images", help="pre-train on this many source images")
+    p.add_argument("--out-dir", type=Path, dest="out_dir", help="checkpoint folder (default data/checkpoints/fedacross)")
+    p.set_defaults(func=cmd_fedacross)
+
+
+def cmd_fedacross(args: argparse.Namespace) -> int:
+    from .fedacross.pretrain import CHECKPOINT_DIR, train_recipe
+
+    overrides = {k: getattr(args, k) for k in ("epochs", "max_images") if getattr(args, k) is not None}
+    try:
+        path = train_recipe(args.recipe, args.seed, this_command(), True, args.out_dir or CHECKPOINT_DIR, **overrides)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(path.with_suffix(".json").read_text())
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-command per task."""
     parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
                                      "workbook. Every command has --help.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_run, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
-                _add_case_study, _add_centralized):
+                _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)
     return parser
 

@@ -64,6 +64,7 @@ class ExperimentConfig:
     device: str = "auto"
     max_steps: Optional[int] = None
     smoke: bool = False
+    participation: float = 1.0
 
     def __post_init__(self) -> None:
         from .corruptions import CORRUPTIONS, SEVERITIES
@@ -100,6 +101,9 @@ class ExperimentConfig:
                 bad(name, f"must be a positive integer or None, got {v!r}")
         if self.scenario == "case_study" and self.clients != 10:
             bad("clients", f"the case study has 10 clients in 3 groups (4, 3, 3), got {self.clients}")
+        if not 0.0 < float(self.participation) <= 1.0:
+            bad("participation", f"must be in (0, 1] (the probability a client reports at a step), got "
+                                 f"{self.participation}")
         if self.label_alpha is not None and not self.label_alpha > 0:
             bad("label_alpha", f"must be positive or None (IID), got {self.label_alpha}")
         if self.local not in LOCAL_METHODS:
@@ -152,11 +156,16 @@ class ExperimentConfig:
 UNREAD_OUTSIDE_HETEROGENEITY = ("sh", "th", "n_steps")
 
 
+# fields added after runs were stored: at their default they are left out of the identity, so older runs still match
+LATER_FIELDS = {"participation": 1.0}
+
+
 def identity_of(config: Dict[str, Any]) -> Dict[str, Any]:
     """``ExperimentConfig.identity`` of a stored config dict (e.g. a summary's ``config``)."""
+    out = {k: v for k, v in config.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
     if config.get("scenario") == "heterogeneity":
-        return dict(config)
-    return {k: v for k, v in config.items() if k not in UNREAD_OUTSIDE_HETEROGENEITY}
+        return out
+    return {k: v for k, v in out.items() if k not in UNREAD_OUTSIDE_HETEROGENEITY}
 
 
 def local_params(cfg: ExperimentConfig) -> Dict[str, Any]:
@@ -219,7 +228,8 @@ def step_rows(res: StepResult, scenario: Scenario) -> List[Dict[str, Any]]:
     return [{"step": res.step, "slot": scenario.slot_of(res.step), "client": i,
              "domain": scenario.domain_names[int(res.domains[i])], "n": int(res.n[i]),
              "correct_source": int(res.correct_source[i]), "correct_local": int(res.correct_local[i]),
-             "correct_mixed": int(res.correct_mixed[i]), "rejected": bool(res.rejected[i])}
+             "correct_mixed": int(res.correct_mixed[i]), "rejected": bool(res.rejected[i]),
+             "absent": bool(res.absent[i])}
             for i in range(len(res.n))]
 
 
@@ -287,7 +297,8 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
             "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
             "accuracy_by_domain": accuracy_by(steps, "domain"), **(classes.summary() if classes is not None else {}),
-            "rejected_uploads": int(steps["rejected"].sum()), "upload_bytes_per_client_step": upload_bytes,
+            "rejected_uploads": int(steps["rejected"].sum()), "absent_uploads": int(steps["absent"].sum()),
+            "upload_bytes_per_client_step": upload_bytes,
             "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
                                                   "torch": torch.__version__, "numpy": np.__version__,
                                                   "python": platform.python_version()},
@@ -306,7 +317,8 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     stream = stream or build_stream(cfg, device, data_root)
     torch.manual_seed(derive_seed(cfg.seed, "engine"))
     engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
-                    build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, cfg.backend, device)
+                    build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, cfg.backend, device,
+                    cfg.participation, cfg.seed)
     n_steps = min(len(stream), cfg.max_steps or len(stream))
     if cfg.smoke:
         n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
@@ -417,7 +429,7 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     cfgs = {name: dataclasses.replace(cfg, strategy=name, strategy_params={}) for name in strategies}
     built = {name: build_strategy(name, **strategy_params(c)) for name, c in cfgs.items()}
     engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
-                    built[strategies[0]], cfg.clients, cfg.backend, device)
+                    built[strategies[0]], cfg.clients, cfg.backend, device, cfg.participation, cfg.seed)
     for s in built.values():
         s.reset(cfg.clients)
     n_steps = min(len(stream), cfg.max_steps or len(stream))

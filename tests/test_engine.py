@@ -206,3 +206,32 @@ def test_the_run_seed_reaches_local_methods_that_draw_random_numbers():
     assert local_params(ExperimentConfig(**SMALL, local="rotta", seed=3))["seed"] == 3
     assert local_params(ExperimentConfig(**SMALL, local="rotta", local_params={"seed": 5}, seed=3))["seed"] == 5
     assert "seed" not in local_params(ExperimentConfig(**SMALL, local="tent", seed=3))
+
+
+def test_absent_clients_are_left_out_of_w_and_keep_their_own_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(**{**SMALL, "clients": 6, "sh": 1 / 3}, local="bn", strategy="fedavg", seed=4,
+                           participation=0.5)
+    res = run_experiment(cfg)
+    absent = res.steps.pivot(index="step", columns="client", values="absent").to_numpy()
+    assert 0.2 < absent.mean() < 0.8  # each client reports with probability 0.5
+    for t, w in enumerate(res.collaboration):
+        gone = absent[t]
+        assert np.allclose(w[gone], np.eye(6)[gone])  # an absent client keeps its own model
+        assert np.allclose(w[~gone][:, gone], 0)  # nobody mixes it in
+        if (~gone).sum():
+            assert np.allclose(w[~gone][:, ~gone], 1 / (~gone).sum())  # FedAvg over the clients that reported
+    again = run_experiment(cfg)
+    pd.testing.assert_frame_equal(res.steps, again.steps)  # the draws come from the seed
+    assert res.summary["absent_uploads"] == int(absent.sum())
+
+
+def test_participation_is_validated_and_its_default_keeps_stored_keys():
+    from ftta_core.workbook import config_key
+
+    with pytest.raises(ValueError, match="'participation'"):
+        ExperimentConfig(**SMALL, participation=0.0)
+    cfg = ExperimentConfig(**SMALL)
+    stored = {k: v for k, v in cfg.to_dict().items() if k != "participation"}  # a run stored before the field
+    assert config_key(ExperimentConfig.from_dict(stored)) == config_key(cfg)
+    assert "participation" not in cfg.identity()

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..rng import torch_generator
 from ..stream import Stream, StreamBatch
 from ..strategies.base import ServerInputs, Strategy, check_collaboration
 from ..tta.base import LocalMethod
@@ -34,6 +35,7 @@ class StepResult:
     domains: np.ndarray
     weights: np.ndarray
     rejected: np.ndarray
+    absent: np.ndarray
     upload_bytes: int
     correct_by_class: Optional[np.ndarray] = None  # [N, K]: correct predictions after mixing, per true class
     n_by_class: Optional[np.ndarray] = None        # [N, K]: samples per true class
@@ -62,9 +64,13 @@ class Engine:
     n_clients: int
     backend: str = "vectorized"
     device: str = "cpu"
+    participation: float = 1.0
+    seed: int = 0
     bank: ClientBank = field(init=False)
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.participation <= 1.0:
+            raise ValueError(f"participation must be in (0, 1], got {self.participation}")
         self.source_model = self.source_model.to(self.device).eval()
         trainable = self.local.trainable(self.source_model)
         self.bank = make_bank(self.backend, self.source_model, self.n_clients, trainable, self.local.optimizer())
@@ -102,10 +108,12 @@ class Engine:
         context = dict(phase.context)
         context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
         uploads = strategy.client_uploads(context)
-        valid = finite_clients({**state, **uploads}, self.n_clients)
-        if not bool(valid.all()):
+        present = self.present(batch.step)
+        finite = finite_clients({**state, **uploads}, self.n_clients)
+        if not bool(finite[present].all()):
             log.warning("step %d: rejected uploads of clients %s (NaN/Inf)", batch.step,
-                        torch.nonzero(~valid).flatten().tolist())
+                        torch.nonzero(~finite & present).flatten().tolist())
+        valid = finite & present
         sizes = torch.full((self.n_clients,), float(x.shape[1]))
         inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
         weights = strategy.collaboration(inputs).detach().float().cpu()
@@ -140,11 +148,21 @@ class Engine:
             n=np.full(self.n_clients, y.shape[1]),
             domains=np.asarray(batch.domains),
             weights=weights.numpy(),
-            rejected=(~valid).numpy(),
+            rejected=(~finite & present).numpy(),
+            absent=(~present).numpy(),
             upload_bytes=upload_bytes,
             correct_by_class=correct_by_class,
             n_by_class=n_by_class,
         )
+
+    def present(self, step: int) -> torch.Tensor:
+        """Boolean [N]: the clients whose uploads reach the server at ``step`` (each with probability
+        ``participation``, drawn from the run's seed and the step). An absent client (dropped out, or a straggler
+        past the round's deadline) still adapts locally; it is left out of W and keeps its own model."""
+        if self.participation >= 1.0:
+            return torch.ones(self.n_clients, dtype=torch.bool)
+        u = torch.rand(self.n_clients, generator=torch_generator(self.seed, "participation", step))
+        return u < self.participation
 
     def shares_local_phase(self) -> bool:
         """True when one local phase can serve several strategies: nothing trained, no state carried over."""

@@ -28,6 +28,8 @@ results_dir = "../figures/leaderboard/runs"
 figure_dir = "../figures/leaderboard"
 compute = True
 leakage_steps = 150  # steps of the stream the leakage probe records (20 clients each)
+participation_rates = [1.0, 0.8, 0.5, 0.2]
+participation_strategies = ["local", "fedavg", "fedavgm", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
 """),
     ("code", """
 import dataclasses
@@ -42,11 +44,13 @@ from ftta_core.experiment import ExperimentConfig
 from ftta_core.leaderboard import leaderboard_heatmap, leaderboard_table, run_leaderboard
 from ftta_core.leakage import collect_uploads, leakage_table
 from ftta_core.notebooks import smoke_mode
+from ftta_core.workbook import run_strategy_grid
 
 smoke = smoke_mode(smoke)
 if smoke:
     results_dir = figure_dir = tempfile.mkdtemp()
     seeds, locals_, strategies, leakage_steps = [0, 1], ["bn", "tent"], ["local", "fedavg", "fedctta"], 12
+    participation_rates, participation_strategies = [1.0, 0.5], ["local", "fedavg", "fedamp"]
     base = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=8, batch_size=10,
                             images_per_client=20, corruptions=["fog", "contrast", "frost", "glass_blur"], sh=0.5,
                             th=0.5, device="cpu", max_steps=6)
@@ -93,6 +97,28 @@ probe_cfg = dataclasses.replace(base, local="bn", local_params={}, strategy="fed
                                 max_steps=None)
 leak = leakage_table(collect_uploads(probe_cfg, max_steps=leakage_steps))
 leak.round(1)
+"""),
+    ("md", """
+## Partial participation and stragglers
+FedTSA names synchronous clients as its limitation. Here every client reports at a step with probability p (an
+absent client dropped out, or straggled past the round's deadline): W is computed over the clients that reported,
+an absent client keeps its own model for that step (`ExperimentConfig.participation`; draws from the seed and the
+step, the same for every strategy). TTA-bn, the strategies of one rate sharing one pass.
+"""),
+    ("code", """
+rates = []
+for p in participation_rates:
+    cfg = dataclasses.replace(base, local="bn", local_params={}, participation=p)
+    g = run_strategy_grid(cfg, participation_strategies, seeds[:1] if not smoke else seeds, results_dir=results_dir,
+                          only_cached=not compute, progress=False)
+    rates.append(g.assign(participation=p))
+rates = pd.concat(rates, ignore_index=True)
+if not rates.empty:
+    curve = rates.groupby(["participation", "variant"]).accuracy.mean().unstack()
+    ax = curve.plot(marker="o", figsize=(7, 3.5))
+    ax.set(xlabel="participation rate p", ylabel="accuracy (%)", title="accuracy vs participation (TTA-bn)")
+    ax.figure.savefig(Path(figure_dir) / f"participation_{base.scenario}.png", dpi=120, bbox_inches="tight")
+    display(curve.round(2))
 """),
     ("md", """
 ## Reading it

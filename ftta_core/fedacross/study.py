@@ -1,0 +1,169 @@
+"""The notebook's experiments: accuracy vs k with and without stream sampling, new-client benefit, costs, t-SNE."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..data.base import ImageArray
+from ..rng import numpy_generator
+from .client import (ClientResult, ClientSpec, accuracy, backbone_features, embed_features, merge_adapters, predict,
+                     run_client)
+from .model import FedAcrossNet, count_parameters
+from .sampling import SELECTIONS, balanced_select, random_select, vessal_select
+
+
+@dataclass
+class ClientData:
+    """One client's target domain: a labelled-on-demand stream and a hold-back test set (images uint8 NHWC)."""
+
+    name: str
+    stream: ImageArray
+    test: ImageArray
+
+
+@dataclass
+class ClientFeatures:
+    """Backbone features f(x) of a client's stream and test images (f is frozen, so computed once)."""
+
+    name: str
+    stream: torch.Tensor
+    stream_labels: torch.Tensor
+    test: torch.Tensor
+    test_labels: torch.Tensor
+
+
+def cifar10c_clients(corruptions: Sequence[str], n_stream: int, n_test: int, severity: int = 5, seed: int = 0,
+                     data_root: Optional[str] = None) -> List[ClientData]:
+    """One client per corruption: disjoint random stream and test images of the CIFAR-10 test set, corrupted."""
+    from ..data import load_dataset
+    from ..data.root import cache_dir
+    from ..stream import CorruptedDomains
+
+    base = load_dataset("cifar10", "test", root=data_root)
+    if n_stream + n_test > len(base):
+        raise ValueError(f"n_stream + n_test must be <= {len(base)}, got {n_stream + n_test}")
+    domains = CorruptedDomains(base, list(corruptions), severity, seed=0, cache_dir=cache_dir() / "corrupted")
+    out = []
+    for i, name in enumerate(corruptions):
+        order = numpy_generator(seed, "fedacross", "client-pool", i).permutation(len(base))
+        images = domains.domain_images(i)
+        parts = [order[:n_stream], order[n_stream:n_stream + n_test]]
+        arrays = [ImageArray(f"{name}/{part}", images[idx], base.labels[idx], list(base.class_names))
+                  for part, idx in zip(("stream", "test"), parts)]
+        out.append(ClientData(name, *arrays))
+    return out
+
+
+def domain_split(data: ImageArray, n_test: int, seed: int, *keys: object) -> ClientData:
+    """A domain as a client: a random stratified-free split into ``n_test`` test images and the stream (the rest)."""
+    order = numpy_generator(seed, "fedacross", "domain-split", *[str(k) for k in keys]).permutation(len(data))
+    return ClientData(data.name, data.subset(order[n_test:], f"{data.name}/stream"),
+                      data.subset(order[:n_test], f"{data.name}/test"))
+
+
+def client_features(model: FedAcrossNet, client: ClientData) -> ClientFeatures:
+    """f(x) of the client's stream and test images."""
+    xs, ys = client.stream.tensors()
+    xt, yt = client.test.tensors()
+    return ClientFeatures(client.name, backbone_features(model, xs), ys, backbone_features(model, xt), yt)
+
+
+def support_indices(selection: str, model: FedAcrossNet, feats: ClientFeatures, k: int, seed: int,
+                    *keys: object) -> np.ndarray:
+    """Stream positions to label for a k-shot budget of k * L labels ('balanced' is the paper's static k-shot set)."""
+    num_classes = model.spec.num_classes
+    gen = numpy_generator(seed, "fedacross", "select", selection, k, *[str(x) for x in keys])
+    if selection == "balanced":
+        return balanced_select(feats.stream_labels.numpy(), k, num_classes, gen)
+    if selection == "random":
+        return random_select(len(feats.stream_labels), k * num_classes, gen)
+    if selection == "vessal":
+        return vessal_select(embed_features(model, feats.stream), k * num_classes, gen)
+    raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
+
+
+def evaluate_client(model: FedAcrossNet, feats: ClientFeatures, idx: np.ndarray, spec: ClientSpec, seed: int,
+                    start: Optional[Dict[str, torch.Tensor]] = None, *keys: object) -> tuple:
+    """Adapt on the support items ``idx`` (none: no adaptation) and return (accuracy on the test set, result)."""
+    if len(idx) == 0:
+        return accuracy(predict(model, None, feats.test), feats.test_labels), None
+    result = run_client(model, feats.stream[idx], feats.stream_labels[idx], spec, start, seed, *keys)
+    return accuracy(predict(model, result, feats.test), feats.test_labels), result
+
+
+def accuracy_vs_k(model: FedAcrossNet, clients: Sequence[ClientFeatures], ks: Sequence[int],
+                  selections: Sequence[str] = SELECTIONS, spec: ClientSpec = ClientSpec(), seed: int = 0,
+                  source: str = "") -> pd.DataFrame:
+    """One row per (client, k, selection): test accuracy, labels used and classes covered; k = 0 is the source g."""
+    rows = []
+    for c in clients:
+        for k in ks:
+            for sel in (["none"] if k == 0 else selections):
+                idx = np.zeros(0, np.int64) if k == 0 else support_indices(sel, model, c, k, seed, c.name)
+                acc, _ = evaluate_client(model, c, idx, spec, seed, None, c.name, k, sel)
+                labels = c.stream_labels[idx]
+                rows.append({"source": source, "client": c.name, "k": k, "selection": sel, "labels": len(idx),
+                             "classes_covered": int(labels.unique().numel()), "accuracy": acc})
+    return pd.DataFrame(rows)
+
+
+def new_client_benefit(model: FedAcrossNet, old: Sequence[ClientFeatures], new: ClientFeatures, k: int,
+                       steps: Sequence[int], spec: ClientSpec = ClientSpec(), seed: int = 0) -> pd.DataFrame:
+    """Accuracy of a joining client after a few steps, starting from the FedAvg-merged A of ``old`` vs the server's A."""
+    results = []
+    for c in old:
+        idx = support_indices("balanced", model, c, k, seed, c.name)
+        results.append(evaluate_client(model, c, idx, spec, seed, None, c.name, "old")[1])
+    merged = merge_adapters([r.adapter for r in results], [r.n_support for r in results])
+    idx = support_indices("balanced", model, new, k, seed, new.name, "new")
+    rows = []
+    for start_name, start in (("server A", None), ("merged A (FedAvg)", merged)):
+        for s in steps:
+            acc, _ = evaluate_client(model, new, idx, replace(spec, max_steps=s), seed, start, new.name, "new")
+            rows.append({"client": new.name, "start": start_name, "steps": s, "accuracy": acc})
+    return pd.DataFrame(rows)
+
+
+def state_bytes(state: Dict[str, torch.Tensor]) -> int:
+    """Bytes of a dict of tensors."""
+    return sum(v.numel() * v.element_size() for v in state.values())
+
+
+def cost_table(model: FedAcrossNet, k: int) -> pd.DataFrame:
+    """Parameters trained and bytes sent per client: FedAcross+ (A only, + prototypes up) vs full fine-tuning."""
+    num_classes, dim = model.spec.num_classes, model.spec.embed_dim
+    proto_bytes = num_classes * dim * 4
+    adapter = state_bytes(model.adapter.state_dict())
+    full = state_bytes(model.state_dict())
+    return pd.DataFrame([
+        {"scheme": "FedAcross+ (train A only)", "parameters_trained": count_parameters(model.adapter),
+         "bytes_down": adapter, "bytes_up": adapter + proto_bytes,
+         "support_labels": k * num_classes},
+        {"scheme": "full fine-tuning (f, A, g)", "parameters_trained": count_parameters(model),
+         "bytes_down": full, "bytes_up": full, "support_labels": k * num_classes},
+    ]).set_index("scheme")
+
+
+def tsne_points(model: FedAcrossNet, images: torch.Tensor, labels: torch.Tensor, result: Optional[ClientResult],
+                seed: int = 0, perplexity: float = 30.0) -> pd.DataFrame:
+    """2-d t-SNE of tau(x) (with ``result``'s A, else the model's) and of the prototypes, in one embedding."""
+    from sklearn.manifold import TSNE
+
+    m = copy.deepcopy(model)
+    if result is not None:
+        m.adapter.load_state_dict(result.adapter)
+    emb = embed_features(m, backbone_features(m, images))
+    protos = result.prototypes.centres[result.prototypes.present] if result is not None else \
+        torch.zeros(0, emb.shape[1])
+    pts = torch.cat([emb, protos]).numpy()
+    xy = TSNE(2, perplexity=min(perplexity, (len(pts) - 1) / 3), init="pca",
+              random_state=int(numpy_generator(seed, "tsne").integers(2**31))).fit_transform(pts)
+    proto_labels = torch.nonzero(result.prototypes.present).flatten() if result is not None else torch.zeros(0)
+    return pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1],
+                         "label": np.concatenate([labels.numpy(), proto_labels.numpy()]).astype(int),
+                         "prototype": np.r_[np.zeros(len(emb), bool), np.ones(len(protos), bool)]})
