@@ -47,3 +47,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def assert_runs_agree(loop: list, vectorized: list) -> None:
+    """The loop and vectorized backends' step results and shared states agree: predictions exactly, W to 1e-5,
+    uploads to 1e-4 (the backends sum the same products in different orders; float32 rounding ~1e-6)."""
+    for (a, state_a), (b, state_b) in zip(loop, vectorized):
+        assert (a.correct_local == b.correct_local).all()
+        assert (a.correct_mixed == b.correct_mixed).all()
+        assert torch.allclose(torch.as_tensor(a.weights), torch.as_tensor(b.weights), atol=1e-5)
+        assert a.upload_bytes == b.upload_bytes
+        assert set(state_a) == set(state_b)
+        for k in state_a:  # uploads: BN statistics (TTA-bn) or parameters (TTA-grad)
+            assert torch.allclose(state_a[k], state_b[k], atol=1e-4), k

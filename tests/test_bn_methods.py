@@ -17,7 +17,7 @@ from ftta_core.tta.bbn import ClassBalancedBN, balanced_statistics, update_class
 from ftta_core.tta.normalised import class_moments
 from ftta_core.tta.rotta import CategoryBalancedMemory, RobustBN, timeliness
 
-from conftest import shifted_batches
+from conftest import assert_runs_agree, shifted_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -333,14 +333,7 @@ def test_backends_agree(digits_model, local, strategy):
     batches = shifted_batches()
     loop = _run(digits_model, local, strategy, "loop", batches)
     vec = _run(digits_model, local, strategy, "vectorized", batches)
-    for (a, state_a), (b, state_b) in zip(loop, vec):
-        assert (a.correct_local == b.correct_local).all()
-        assert (a.correct_mixed == b.correct_mixed).all()
-        assert torch.allclose(torch.as_tensor(a.weights), torch.as_tensor(b.weights), atol=1e-5)
-        assert a.upload_bytes == b.upload_bytes
-        assert set(state_a) == set(state_b)
-        for k in state_a:
-            assert torch.allclose(state_a[k], state_b[k], atol=1e-4), k
+    assert_runs_agree(loop, vec)
     if strategy == "pfedbbn":
         assert not torch.allclose(torch.as_tensor(vec[-1][0].weights), torch.full((4, 4), 0.25))
 

@@ -8,7 +8,7 @@ from ftta_core.models import build_model
 from ftta_core.strategies import STRATEGIES, build_strategy
 from ftta_core.tta import LOCAL_METHODS, build_local, select_parameters
 
-from conftest import shifted_batches
+from conftest import assert_runs_agree, shifted_batches
 
 LOCAL_CONFIGS = {
     "source": {},
@@ -60,14 +60,7 @@ def test_backends_agree(digits_model, local_key, strategy):
     batches = shifted_batches()
     loop = run(digits_model, local_key, strategy, "loop", batches)
     vec = run(digits_model, local_key, strategy, "vectorized", batches)
-    for (a, state_a), (b, state_b) in zip(loop, vec):
-        assert (a.correct_local == b.correct_local).all()
-        assert (a.correct_mixed == b.correct_mixed).all()
-        assert torch.allclose(torch.as_tensor(a.weights), torch.as_tensor(b.weights), atol=1e-5)
-        assert a.upload_bytes == b.upload_bytes
-        assert set(state_a) == set(state_b)
-        for k in state_a:  # uploads: BN statistics (TTA-bn) or parameters (TTA-grad)
-            assert torch.allclose(state_a[k], state_b[k], atol=1e-4), k
+    assert_runs_agree(loop, vec)
 
 
 @pytest.mark.parametrize("params", ["bn_affine", "all"])
