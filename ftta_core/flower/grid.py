@@ -1,9 +1,9 @@
 """An in-process Flower Grid: a ServerApp's messages are delivered to ClientApp objects in this process.
 
-Flower 1.41's simulation engine (``flwr.simulation.run_simulation``) only has a Ray backend, and Ray is not
-installed here; this grid is the grpc-less path: the ServerApp and ClientApps are the real Flower objects and
-exchange real ``Message``/``RecordDict`` objects (each ``ArrayRecord`` holds serialised bytes), only the transport
-is a function call. Message ids are assigned as Flower's own ``InMemoryGrid`` does.
+The fast path for tests and notebooks: the ServerApp and ClientApps are the real Flower objects and exchange real
+``Message``/``RecordDict`` objects (each ``ArrayRecord`` holds serialised bytes), only the transport is a function
+call, with no process per message. The same apps also run on a real superlink/supernodes and on Flower's Ray
+simulation engine (``ftta_core/flower/deploy.py``, ``tests/test_flower_deployment.py``). Message ids are assigned as Flower's own ``InMemoryGrid`` does.
 """
 from __future__ import annotations
 
