@@ -53,7 +53,7 @@ from ftta_core.workbook import mean_std, per_domain_table, run_grid, run_strateg
 smoke = smoke_mode(smoke)
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
-    seeds, sh_values, th_values, windows, lambdas = [0], [0.25, 0.5], [0.1, 0.2], [1, 5], [0.0, 1.0]
+    seeds, sh_values, th_values, windows, lambdas = [0], [0.5], [0.2], [1, 5], [0.0, 1.0]
     base = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=8, batch_size=10,
                             images_per_client=20, corruptions=["fog", "contrast", "frost", "glass_blur"],
                             device="cpu", **TTA_SETTINGS[tta])
