@@ -12,7 +12,7 @@ def test_group_weight_shares_split_each_row_of_w():
     shares = group_weight_shares(w)
     assert np.allclose(shares.loc["clients 1-4", ["self", "own group (others)"]], [0.25, 0.75])
     assert np.allclose(shares.loc["clients 5-7", "self"], 1.0)
-    assert np.allclose(shares.fillna(0).sum(1), 1.0)
+    assert np.allclose(shares.fillna(0).sum(axis=1), 1.0)
 
 
 def test_case_study_table_weights_slots_by_predictions():
