@@ -83,8 +83,8 @@ the paper's groups 1, 2, 3).
 slot_steps = cfg.images_per_client // cfg.batch_size
 window = slice(highlight_slot * slot_steps, (highlight_slot + 1) * slot_steps)
 shown = [s for s in ["fedamp", "pfedgraph", "fedtsa", "fedctta"] if s in runs] or list(runs)
-fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.2))
-for ax, s in zip(pd.Series(axes).ravel() if len(shown) > 1 else [axes], shown):
+fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.2), squeeze=False)
+for ax, s in zip(axes[0], shown):
     plots.collaboration_heatmap(runs[s].collaboration[window].mean(0), ax=ax,
                                 title=f"{METHOD_LABELS.get(s, s)}, slot {highlight_slot}")
 fig.tight_layout()
