@@ -161,3 +161,10 @@ def test_cost_table_counts_adapter_only(model):
     assert ours.parameters_trained == 512 * 32 + 32 + 2 * 32
     assert ours.bytes_up == ours.bytes_down + 10 * 32 * 4
     assert full.parameters_trained > 100 * ours.parameters_trained
+
+
+def test_untrained_model_of_a_committed_card_is_seeded():
+    from ftta_core.fedacross import untrained_fedacross
+
+    a, b = untrained_fedacross("fedacross_resnet18_cifar10", 0), untrained_fedacross("fedacross_resnet18_cifar10", 0)
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -6,7 +6,7 @@ from .client import (ClientResult, ClientSpec, accuracy, adapt_client, backbone_
                      freeze_for_client, merge_adapters, predict, run_client)
 from .model import FedAcrossNet, ModelSpec, adapter_names, adapter_state, count_parameters, load_adapter
 from .pretrain import (CHECKPOINT_DIR, RECIPES, PretrainSpec, build_model, classifier_accuracy, load_fedacross,
-                       pretrain_server, save_fedacross, train_recipe)
+                       pretrain_server, save_fedacross, train_recipe, untrained_fedacross)
 from .prototypes import Prototypes, class_prototypes, nearest_prototype, prototype_distances
 from .sampling import SELECTIONS, VolumeSampler, balanced_select, random_select, sherman_morrison, vessal_select
 
@@ -14,5 +14,5 @@ __all__ = ["CHECKPOINT_DIR", "ClientResult", "ClientSpec", "FedAcrossNet", "Mode
            "RECIPES", "SELECTIONS", "VolumeSampler", "accuracy", "adapt_client", "adapter_names", "adapter_state",
            "backbone_features", "balanced_select", "build_model", "class_prototypes", "classifier_accuracy",
            "count_parameters", "embed_features", "freeze_for_client", "load_adapter", "load_fedacross",
-           "merge_adapters", "nearest_prototype", "predict", "pretrain_server", "prototype_distances",
+           "merge_adapters", "untrained_fedacross", "nearest_prototype", "predict", "pretrain_server", "prototype_distances",
            "random_select", "run_client", "save_fedacross", "sherman_morrison", "train_recipe", "vessal_select"]

@@ -141,6 +141,22 @@ def load_fedacross(name: str, directory: Path = CHECKPOINT_DIR) -> FedAcrossNet:
     return model.eval()
 
 
+def untrained_fedacross(name: str, seed: int = 0, directory: Path = CHECKPOINT_DIR) -> FedAcrossNet:
+    """Checkpoint ``name``'s architecture (read from its committed card) with a seeded random initialisation.
+
+    The weights file (about 23 MB in float16) is not committed; smoke runs use this instead, full runs need
+    ``python -m ftta_core fedacross pretrain``.
+    """
+    path = directory / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"no FedAcross+ card {path}")
+    card = json.loads(path.read_text())
+    with torch.random.fork_rng():
+        torch.manual_seed(derive_seed(seed, "fedacross-untrained", name))
+        model = FedAcrossNet(ModelSpec(**card["model"]))
+    return model.eval()
+
+
 def pretrain_card(name: str, model_spec: ModelSpec, spec: PretrainSpec, dataset: str, seed: int, command: str,
                   wall_s: float, metrics: Dict[str, object]) -> Dict[str, object]:
     """The model card stored beside a FedAcross+ checkpoint."""

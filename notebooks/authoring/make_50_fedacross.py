@@ -46,7 +46,8 @@ import pandas as pd
 import torch
 
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.fedacross import ClientSpec, PretrainSpec, build_model, load_fedacross, run_client
+from ftta_core.fedacross import (ClientSpec, PretrainSpec, build_model, load_fedacross, run_client,
+                                 untrained_fedacross)
 from ftta_core.fedacross.office import beside_paper, office_table
 from ftta_core.fedacross.study import (accuracy_vs_k, cifar10c_clients, client_features, cost_table,
                                        new_client_benefit, support_indices, tsne_points)
@@ -62,7 +63,8 @@ if smoke:
 out = None if smoke else Path(figures_dir)
 if out is not None:
     out.mkdir(parents=True, exist_ok=True)
-server = load_fedacross(checkpoint)
+# smoke: the same architecture, untrained (the weights file is not committed: `fedacross pretrain` makes it)
+server = untrained_fedacross(checkpoint, seed) if smoke else load_fedacross(checkpoint)
 spec = ClientSpec(epochs=client_epochs)
 clients = cifar10c_clients(corruptions, n_stream, n_test, severity, seed)
 feats = [client_features(server, c) for c in clients]
