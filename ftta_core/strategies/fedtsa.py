@@ -224,10 +224,10 @@ class FedTSA(Strategy):
             self.block = block
         return block
 
-    def _masks(self, out: TSBlockOutput, x: torch.Tensor, generator: torch.Generator):
-        """M^cur, M^tem, M^spa for the augmented pass, from this iteration's (detached) unmasked attention."""
-        base = out.temporal_output[-1] if self.graph_on == "temporal" else x[-1]
-        current = similarity_mask(base)
+    def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: torch.Generator):
+        """M^cur, M^tem, M^spa for the augmented pass, from this iteration's (detached) unmasked attention;
+        ``indicator_mask`` is M^cur of the raw current indicators (it does not change between iterations)."""
+        current = similarity_mask(out.temporal_output[-1]) if self.graph_on == "temporal" else indicator_mask
         temporal_mask = None
         if self.temporal:
             temporal_mask = sample_temporal_mask(out.temporal_attention, generator, self.augmentation,
@@ -242,16 +242,18 @@ class FedTSA(Strategy):
         lam = self.lam if self.augment else 0.0
         steps = self.server_steps if self.trained else 0
         losses = np.zeros((3, steps))
-        masks = (similarity_mask(x[-1]), None, None)
+        indicator_mask = similarity_mask(x[-1])
+        masks = (indicator_mask, None, None)
         selected = (float("inf"), None, -1)  # (loss, (spatial, temporal) attention, iteration)
-        optimizer = torch.optim.Adam(block.parameters(), lr=self.lr) if steps else None
+        optimizer = torch.optim.Adam(block.parameters(), lr=self.lr, fused=True) if steps else None
         for it in range(steps):
             out = block(x)
             loss_reg = F.mse_loss(out.output, x)
             loss_rob = torch.zeros(())
             if lam > 0:
-                masks = self._masks(out, x, generator)
-                aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores)
+                masks = self._masks(out, indicator_mask, generator)
+                aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
+                            projections=out.projections)
                 loss_rob = F.mse_loss(out.output, aug.output)
             loss = loss_reg + lam * loss_rob
             losses[:, it] = (loss.item(), loss_reg.item(), loss_rob.item())

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MASK_MODES = ("exclude", "hadamard")
@@ -26,6 +27,7 @@ class TSBlockOutput:
     temporal_scores: Optional[torch.Tensor]  # A^(T) before softmax [N, T, T] (None without temporal module)
     temporal_attention: Optional[torch.Tensor]  # softmax(A^(T) (masked)) [N, T, T]
     spatial_attention: torch.Tensor  # softmax(A^(S) (masked)) [T, N, N]
+    projections: Optional["TSProjections"] = None  # the Q/K projections of X this pass used
 
 
 def identity_linear(dim: int, bias: bool) -> nn.Linear:
@@ -50,12 +52,33 @@ def masked_softmax(scores: torch.Tensor, mask: Optional[torch.Tensor], mode: str
     raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mode!r}")
 
 
+@dataclass
+class TSProjections:
+    """Every learnable projection of a window X, computed in one matmul (see ``TSBlock.project``).
+
+    Client-major layout [N, T, D]: ``temporal_query``/``temporal_key`` (None without temporal module) are Q/K of
+    Eq. 10; ``spatial`` [N, T, 2D] holds the spatial Q and K projections of X itself. Since a temporal attention
+    row sums to one, Linear(a^(T) X) = a^(T) Linear(X) (bias included), so every pass over the same X (plain and
+    augmented) gets the spatial Q/K of its X_TA by mixing these rows instead of projecting X_TA again.
+    """
+
+    values: torch.Tensor  # X in client-major layout [N, T, D]
+    temporal_query: Optional[torch.Tensor]
+    temporal_key: Optional[torch.Tensor]
+    spatial: torch.Tensor
+
+
 class TSBlock(nn.Module):
     """Temporal self-attention per client (Eqs. 9-11), then spatial self-attention per step (Eqs. 12-14).
 
     Q and K are learnable ``Linear(D, D)`` initialised to the identity; V is the identity and stays fixed (the
     code's frozen ``fc_v``/``geo_v``), so values are the inputs themselves. ``temporal=False`` drops the temporal
     module (ablation 'w/o time': X_TA = X). ``bias`` adds learnable Q/K biases (the code has them, the paper not).
+
+    Cost: all projections are linear in X and the attention mixes rows with weights summing to one, so the block
+    projects X once, its 2 (or 4) Q/K weights concatenated into one matmul, and mixes projected rows after that
+    (``TSProjections``). It is the same function as projecting X_TA (equal up to float reassociation), with a third
+    of the matmul work for a plain plus an augmented pass, forward and backward.
     """
 
     def __init__(self, dim: int, temporal: bool = True, bias: bool = False) -> None:
@@ -67,10 +90,24 @@ class TSBlock(nn.Module):
         self.spatial_query = identity_linear(dim, bias)
         self.spatial_key = identity_linear(dim, bias)
 
-    def temporal_scores(self, x: torch.Tensor) -> torch.Tensor:
+    def project(self, x: torch.Tensor) -> TSProjections:
+        """All Q/K projections of X [T, N, D] in one matmul, client-major."""
+        heads = [self.spatial_query, self.spatial_key]
+        if self.temporal:
+            heads = [self.temporal_query, self.temporal_key] + heads
+        weight = torch.cat([m.weight for m in heads])
+        bias = None if heads[0].bias is None else torch.cat([m.bias for m in heads])
+        values = x.transpose(0, 1).contiguous()  # [N, T, D]
+        proj = F.linear(values, weight, bias)
+        if self.temporal:  # split (not slicing): its backward is one concatenation, not zero-filled copies
+            query, key, spatial = proj.split([self.dim, self.dim, 2 * self.dim], dim=-1)
+            return TSProjections(values, query, key, spatial)
+        return TSProjections(values, None, None, proj)
+
+    def temporal_scores(self, x: torch.Tensor, projections: Optional[TSProjections] = None) -> torch.Tensor:
         """A^(T)_i = Q_i K_i^T / sqrt(D) for every client i (Eq. 10): [T, N, D] -> [N, T, T]."""
-        xc = x.transpose(0, 1)  # [N, T, D]
-        return self.temporal_query(xc) @ self.temporal_key(xc).transpose(1, 2) / math.sqrt(self.dim)
+        p = self.project(x) if projections is None else projections
+        return p.temporal_query @ p.temporal_key.transpose(1, 2) / math.sqrt(self.dim)
 
     def spatial_scores(self, x_ta: torch.Tensor) -> torch.Tensor:
         """A^(S)_t = Q_t K_t^T / sqrt(D) for every step t (Eq. 13): [T, N, D] -> [T, N, N]."""
@@ -78,21 +115,27 @@ class TSBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, temporal_mask: Optional[torch.Tensor] = None,
                 spatial_mask: Optional[torch.Tensor] = None, mask_mode: str = "exclude",
-                temporal_scores: Optional[torch.Tensor] = None) -> TSBlockOutput:
+                temporal_scores: Optional[torch.Tensor] = None,
+                projections: Optional[TSProjections] = None) -> TSBlockOutput:
         """X [T, N, D] -> X_TSA; masks [N, T, T] and [N, N] (or [T, N, N]) give the augmented pass (Eqs. 16-17).
 
-        ``temporal_scores`` lets a second (masked) pass reuse the first pass's A^(T): both see the same X.
+        ``temporal_scores`` and ``projections`` let a second (masked) pass reuse the first pass's A^(T) and
+        projections (``TSBlockOutput.projections``): both see the same X.
         """
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"TS-Block expects X [T, N, {self.dim}], got {tuple(x.shape)}")
+        p = self.project(x) if projections is None else projections
+        spatial = p.spatial  # [N, T, 2D]: spatial Q|K of X
         if self.temporal:
-            scores_t = self.temporal_scores(x) if temporal_scores is None else temporal_scores
+            scores_t = self.temporal_scores(x, p) if temporal_scores is None else temporal_scores
             att_t = masked_softmax(scores_t, temporal_mask, mask_mode)  # [N, T, T]
-            x_ta = (att_t @ x.transpose(0, 1)).transpose(0, 1)  # Eq. 11 / 16: [T, N, D]
+            x_ta = (att_t @ p.values).transpose(0, 1)  # Eq. 11 / 16: [T, N, D]
+            spatial = att_t @ spatial  # the spatial Q|K of X_TA
         else:
             scores_t, att_t, x_ta = None, None, x
-        att_s = masked_softmax(self.spatial_scores(x_ta), spatial_mask, mask_mode)  # [T, N, N]
-        return TSBlockOutput(att_s @ x_ta, x_ta, scores_t, att_t, att_s)  # Eq. 14 / 17
+        sq, sk = spatial.transpose(0, 1).split(self.dim, dim=-1)  # [T, N, D] each
+        att_s = masked_softmax(sq @ sk.transpose(1, 2) / math.sqrt(self.dim), spatial_mask, mask_mode)  # [T, N, N]
+        return TSBlockOutput(att_s @ x_ta, x_ta, scores_t, att_t, att_s, p)  # Eq. 14 / 17
 
 
 # ----------------------------------------------------------------------------------------------------------------
