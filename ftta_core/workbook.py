@@ -5,7 +5,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
@@ -101,6 +101,16 @@ def beside_paper(ours: pd.DataFrame, paper: Mapping[str, float], label: str = "p
 def format_mean_std(table: pd.DataFrame, digits: int = 2) -> pd.Series:
     """'mean ± std' strings."""
     return table.apply(lambda r: f"{r['mean']:.{digits}f} ± {r['std']:.{digits}f}", axis=1)
+
+
+def over_seeds(table: pd.DataFrame, by: Sequence[str], value: str = "accuracy") -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Seed-level summary of a long table with a ``seed`` column (e.g. one row per client, k, seed).
+
+    Returns ('mean ± std' over seeds of the per-seed mean of ``value``, one row per ``by`` group, the last ``by``
+    column unstacked into columns; the per-seed means as a long table).
+    """
+    per_seed = table.groupby(list(by) + ["seed"], sort=False)[value].mean().reset_index()
+    return format_mean_std(mean_std(per_seed, by=list(by), value=value)).unstack(), per_seed
 
 
 def load_results(out: Path) -> Results:

@@ -2,7 +2,8 @@
 import numpy as np
 import pandas as pd
 
-from ftta_core.workbook import CASE_STUDY_GROUPS, StoredRun, case_study_table, group_weight_shares, markdown_table
+from ftta_core.workbook import (CASE_STUDY_GROUPS, StoredRun, case_study_table, group_weight_shares, markdown_table,
+                              over_seeds)
 
 
 def test_group_weight_shares_split_each_row_of_w():
@@ -55,3 +56,12 @@ def test_cache_key_ignores_only_the_fields_a_scenario_does_not_read():
     assert config_key(fixed) != config_key(dataclasses.replace(fixed, slot_steps=25))
     free = ExperimentConfig(scenario="heterogeneity")
     assert config_key(free) != config_key(dataclasses.replace(free, th=0.5))
+
+
+def test_over_seeds_averages_clients_within_a_seed_then_seeds():
+    table = pd.DataFrame({"k": [3, 3, 3, 3, 5, 5, 5, 5], "selection": ["random"] * 8, "seed": [0, 0, 1, 1] * 2,
+                          "client": ["a", "b"] * 4, "accuracy": [10.0, 20.0, 30.0, 40.0, 50.0, 50.0, 60.0, 60.0]})
+    cells, per_seed = over_seeds(table, ["k", "selection"])
+    # k=3: seed means 15 and 35 -> mean 25, std (ddof 1) 14.14; k=5: 50 and 60 -> 55 +- 7.07
+    assert cells.loc[3, "random"] == "25.00 ± 14.14" and cells.loc[5, "random"] == "55.00 ± 7.07"
+    assert per_seed.accuracy.tolist() == [15.0, 35.0, 50.0, 60.0]

@@ -20,7 +20,7 @@ frozen), without client-side augmentation. Everything is in `ftta_core.fedacross
     ("params", """
 # smoke=True (or FTTA_SMOKE=1): tiny sizes, nothing written to figures/
 smoke = False
-seed = 0
+seeds = [0, 1, 2]      # client streams, support draws and client training; one server model for all
 checkpoint = "fedacross_resnet18_cifar10"
 corruptions = ["gaussian_noise", "defocus_blur", "snow", "contrast", "jpeg_compression"]
 severity = 5
@@ -54,45 +54,53 @@ from ftta_core.fedacross.study import (accuracy_vs_k, cifar10c_clients, client_f
 from ftta_core.flower import run_engine_on_flower, run_fedacross_on_flower
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import paper_table
+from ftta_core.workbook import format_mean_std, mean_std, over_seeds
 
 torch.set_num_threads(1)
 smoke = smoke_mode(smoke)
 if smoke:
     corruptions, n_stream, n_test, ks, client_epochs = corruptions[:2], 120, 100, [0, 3], 5
     new_client_steps, office_pairs, office_ks, office_epochs, tsne_images = [0, 2], {"webcam": ["dslr"]}, [0, 3], 1, 60
+    seeds = seeds[:1]
 out = None if smoke else Path(figures_dir)
 if out is not None:
     out.mkdir(parents=True, exist_ok=True)
 # smoke: the same architecture, untrained (the weights file is not committed: `fedacross pretrain` makes it)
-server = untrained_fedacross(checkpoint, seed) if smoke else load_fedacross(checkpoint)
+server = untrained_fedacross(checkpoint, seeds[0]) if smoke else load_fedacross(checkpoint)
 spec = ClientSpec(epochs=client_epochs)
-clients = cifar10c_clients(corruptions, n_stream, n_test, severity, seed)
-feats = [client_features(server, c) for c in clients]
-print(f"{len(clients)} clients (one CIFAR-10-C corruption each, severity {severity}): {n_stream} stream + "
-      f"{n_test} test images each")
+clients = {s: cifar10c_clients(corruptions, n_stream, n_test, severity, s) for s in seeds}  # new images per seed
+feats = {s: [client_features(server, c) for c in clients[s]] for s in seeds}
+
+
+print(f"{len(corruptions)} clients (one CIFAR-10-C corruption each, severity {severity}): {n_stream} stream + "
+      f"{n_test} test images each; seeds {seeds}")
 """),
     ("md", """
 ## Accuracy vs k, with and without stream sampling
 Budget: k x 10 labels per client. `balanced` is the paper's static k-shot support set (k images of every class,
 which needs the labels in advance); `random` labels k x 10 stream items drawn uniformly; `vessal` labels the items
 VeSSAL picks (eq. 6, on tau = A(f(x)) of the server model). k = 0 is the server model's classifier g without
-adaptation. Test accuracy (%) on each client's hold-back images, mean over clients.
+adaptation. Test accuracy (%) on each client's hold-back images: mean over clients, then mean ± std over seeds.
 """),
     ("code", """
-by_k = accuracy_vs_k(server, feats, ks, spec=spec, seed=seed, source="cifar10")
-summary = by_k.pivot_table(index="k", columns="selection", values="accuracy", aggfunc="mean")
+by_k = pd.concat([accuracy_vs_k(server, feats[s], ks, spec=spec, seed=s, source="cifar10").assign(seed=s)
+                  for s in seeds], ignore_index=True)
+table_k, per_seed_k = over_seeds(by_k, ["k", "selection"])
+summary = per_seed_k.pivot_table(index="k", columns="selection", values="accuracy", aggfunc="mean")
 covered = by_k.pivot_table(index="k", columns="selection", values="classes_covered", aggfunc="mean")
 if out is not None:
     by_k.to_csv(out / "cifar10c_accuracy_vs_k.csv", index=False)
-display(summary.round(2))
+display(table_k)
 print("classes present in the support set (mean over clients):")
 covered.round(2)
 """),
     ("code", """
 per_client = by_k[by_k.k > 0].pivot_table(index=["client", "k"], columns="selection", values="accuracy")
+spread = per_seed_k.pivot_table(index="k", columns="selection", values="accuracy", aggfunc="std")
+spread = spread.reindex_like(summary).fillna(0.0)  # one seed: no spread
 fig, ax = plt.subplots(figsize=(6, 3.8))
 for sel in summary.columns:
-    ax.plot(summary.index, summary[sel], marker="o", label=sel)
+    ax.errorbar(summary.index, summary[sel], yerr=spread[sel], marker="o", capsize=3, label=sel)
 ax.set(xlabel="k (labels per class of budget)", ylabel="test accuracy (%)", title="CIFAR-10 -> CIFAR-10-C clients")
 ax.legend()
 fig.tight_layout()
@@ -104,14 +112,15 @@ per_client.round(1)
 ## A joining client: start from the merged A or from the server's A
 All clients but the last adapt with the balanced k-shot set (largest k) and upstream A; the server merges them by
 FedAvg (weights: support sizes). The last client then trains A for a few optimiser steps starting from the merged
-A or from the server's A (same support set, same seed); 0 steps = prototypes with the initial A.
+A or from the server's A (same support set, same seed); 0 steps = prototypes with the initial A. Mean ± std over
+seeds.
 """),
     ("code", """
-benefit = new_client_benefit(server, feats[:-1], feats[-1], max(ks), new_client_steps, spec, seed)
-table = benefit.pivot(index="steps", columns="start", values="accuracy")
+benefit = pd.concat([new_client_benefit(server, feats[s][:-1], feats[s][-1], max(ks), new_client_steps, spec, s)
+                     .assign(seed=s) for s in seeds], ignore_index=True)
 if out is not None:
     benefit.to_csv(out / "new_client_benefit.csv", index=False)
-table.round(2)
+over_seeds(benefit, ["steps", "start"])[0]
 """),
     ("md", """
 ## Office-Caltech-10: source domain -> other domains (the shape of the paper's Table 2)
@@ -119,20 +128,24 @@ table.round(2)
 in for ImageNet weights) and is pre-trained on the source domain with the paper's settings (lr 0.01, backbone x0.1,
 label smoothing 0.1) for `office_epochs` epochs. 10 classes, not Office-31's 31: the paper's numbers are beside
 ours for orientation only. Support set: k images per class of the target domain; test: the rest of the domain
-(NaN where a class has too few images, e.g. DSLR has a class with 8).
+(NaN where a class has too few images, e.g. DSLR has a class with 8). Source pre-training, support draws and client
+training are repeated per seed; the table shows the mean over seeds beside the paper, then mean ± std.
 """),
     ("code", """
 office_spec = PretrainSpec(epochs=office_epochs)
-office = office_table(server, office_pairs, office_ks, office_spec, spec, office_size, seed)
+office = pd.concat([office_table(server, office_pairs, office_ks, office_spec, spec, office_size, s).assign(seed=s)
+                    for s in seeds], ignore_index=True)
 if out is not None:
     office.to_csv(out / "office_caltech10.csv", index=False)
-side = beside_paper(office, paper_table("fedacross_table2"))
+office_mean = office.groupby(["pair", "k"], sort=False).accuracy.mean().reset_index()
+side = beside_paper(office_mean, paper_table("fedacross_table2"))
 side.round(1)
 """),
     ("code", """
-wide = office.pivot(index="k", columns="pair", values="accuracy")
-wide["Avg"] = wide.mean(axis=1, skipna=False)
-wide.round(1)
+office_avg = office.groupby(["k", "seed"]).accuracy.agg(lambda a: a.mean(skipna=False)).reset_index()
+wide = over_seeds(office.dropna(subset=["accuracy"]), ["k", "pair"])[0]
+wide["Avg"] = format_mean_std(mean_std(office_avg, by="k"))
+wide
 """),
     ("md", """
 ## t-SNE of target features with prototypes (the paper's Fig 7)
@@ -140,8 +153,9 @@ One client's test images: (a) a randomly initialised model, (b) the server model
 (c) after client adaptation of A (balanced support, largest k); prototypes as black-edged squares.
 """),
     ("code", """
-c0 = feats[0]
-x_tsne, y_tsne = clients[0].test.tensors(np.arange(min(tsne_images, len(clients[0].test))))
+seed = seeds[0]
+c0 = feats[seed][0]
+x_tsne, y_tsne = clients[seed][0].test.tensors(np.arange(min(tsne_images, len(clients[seed][0].test))))
 idx = support_indices("balanced", server, c0, max(ks), seed, c0.name)
 adapted = run_client(server, c0.stream[idx], c0.stream_labels[idx], spec, None, seed, c0.name)
 panels = {"(a) untrained backbone": (build_model(server.spec, seed), None),
@@ -154,7 +168,7 @@ for ax, (title, (m, res)) in zip(axes, panels.items()):
     ax.scatter(img.x, img.y, c=img.label, cmap="tab10", s=6, vmin=0, vmax=9)
     pro = pts[pts.prototype]
     ax.scatter(pro.x, pro.y, c=pro.label, cmap="tab10", s=120, marker="s", edgecolors="k", vmin=0, vmax=9)
-    ax.set(title=f"{title}\\n{clients[0].name}", xticks=[], yticks=[])
+    ax.set(title=f"{title}\\n{clients[seed][0].name}", xticks=[], yticks=[])
 fig.tight_layout()
 if out is not None:
     fig.savefig(out / "tsne.png", dpi=120)
@@ -174,13 +188,14 @@ costs
 """),
     ("md", """
 ## On Flower (flwr 1.41, Message API)
-Flower's simulation engine needs Ray, which is not installed here, so the ServerApp and ClientApps run in process
-through `ftta_core.flower.LocalGrid` (real Flower `Message`s and `ArrayRecord`s, transport = a function call).
+Here the ServerApp and ClientApps run in process through `ftta_core.flower.LocalGrid` (real Flower `Message`s and
+`ArrayRecord`s, transport = a function call); the same apps run on Flower's Ray simulation engine and on a real
+`flower-superlink` with `flower-supernode` processes (`tests/test_flower_deployment.py`; README, "Deploying").
 First FedAcross+ itself: the first clients adapt and upstream A and prototypes, the server merges A, the last
 client joins from the merged A and from the server's A.
 """),
     ("code", """
-fl = run_fedacross_on_flower(server, feats, k=max(ks), selection="vessal", n_new=1,
+fl = run_fedacross_on_flower(server, feats[seed], k=max(ks), selection="vessal", n_new=1,
                              new_client_steps=new_client_steps[-1], spec=spec, seed=seed)
 print(f"bytes down {fl.bytes_down:,}, bytes up {fl.bytes_up:,} (A + prototypes, serialised)")
 pd.concat([pd.Series(fl.accuracy, name="accuracy (%)").to_frame(),
