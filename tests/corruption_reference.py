@@ -343,3 +343,47 @@ def jpeg_compression(x: np.ndarray, quality: int) -> np.ndarray:
     output = io.BytesIO()
     Image.fromarray(x).save(output, "JPEG", quality=quality)
     return np.asarray(Image.open(output))
+
+
+def _hwc(a: np.ndarray) -> np.ndarray:
+    """CHW -> HWC (the random fields are drawn channel-first, like the torch kernels use them)."""
+    return a.transpose(1, 2, 0)
+
+
+def apply_reference(name: str, severity: int, images_uint8: np.ndarray, fields: dict) -> np.ndarray:
+    """The transcribed reference applied image by image, as make_cifar_c.py does, and cast with ``np.uint8``.
+
+    ``images_uint8``: [B, H, W, 3]; ``fields``: the batched random fields of ``ftta_core.corruptions`` (as returned
+    by ``registry.draw_fields``; torch CPU tensors or arrays, image ``b`` at index ``b``), empty for deterministic
+    corruptions. Returns uint8 [B, H, W, 3].
+    """
+    c = CONSTANTS[name][severity - 1]
+    outs = []
+    for b, image in enumerate(images_uint8):
+        f = {k: np.asarray(v[b]) for k, v in fields.items()}
+        if name == "gaussian_noise":
+            out = gaussian_noise(image, c, _hwc(f["normal"]).astype(np.float64))
+        elif name == "shot_noise":
+            out = shot_noise(image, c, _hwc(f["uniform"]))
+        elif name == "impulse_noise":
+            out = impulse_noise(image, c, _hwc(f["flip_uniform"]), _hwc(f["salt_uniform"]))
+        elif name == "defocus_blur":
+            out = defocus_blur(image, c)
+        elif name == "glass_blur":
+            out = glass_blur(image, c, f["offsets"])
+        elif name == "motion_blur":
+            out = motion_blur(image, c, float(f["angle"]))
+        elif name == "zoom_blur":
+            out = zoom_blur(image, c)
+        elif name == "snow":
+            out = snow(image, c, f["layer"].astype(np.float64), float(f["angle"]))
+        elif name == "frost":
+            out = frost(image, c, np.round(_hwc(f["frost"]) * 255).astype(np.uint8))
+        elif name == "fog":
+            out = fog(image, c, f["uniforms"])
+        elif name == "elastic_transform":
+            out = elastic_transform(image, c, f["jitter"], f["noise_x"], f["noise_y"])
+        else:
+            out = globals()[name](image, c)
+        outs.append(np.uint8(out))
+    return np.stack(outs)

@@ -273,41 +273,6 @@ EXACT = {
 }  # fmt: skip
 
 
-def reference_outputs(name: str, severity: int, images_uint8: np.ndarray, fields: dict) -> np.ndarray:
-    """The transcribed reference applied image by image with our random fields, cast with np.uint8."""
-    c = ref.CONSTANTS[name][severity - 1]
-    outs = []
-    for b, image in enumerate(images_uint8):
-        f = {k: v[b].numpy() for k, v in fields.items()}
-        hwc = lambda a: a.transpose(1, 2, 0)  # noqa: E731
-        if name == "gaussian_noise":
-            out = ref.gaussian_noise(image, c, hwc(f["normal"]).astype(np.float64))
-        elif name == "shot_noise":
-            out = ref.shot_noise(image, c, hwc(f["uniform"]))
-        elif name == "impulse_noise":
-            out = ref.impulse_noise(image, c, hwc(f["flip_uniform"]), hwc(f["salt_uniform"]))
-        elif name == "defocus_blur":
-            out = ref.defocus_blur(image, c)
-        elif name == "glass_blur":
-            out = ref.glass_blur(image, c, f["offsets"])
-        elif name == "motion_blur":
-            out = ref.motion_blur(image, c, float(f["angle"]))
-        elif name == "zoom_blur":
-            out = ref.zoom_blur(image, c)
-        elif name == "snow":
-            out = ref.snow(image, c, f["layer"].astype(np.float64), float(f["angle"]))
-        elif name == "frost":
-            out = ref.frost(image, c, np.round(hwc(f["frost"]) * 255).astype(np.uint8))
-        elif name == "fog":
-            out = ref.fog(image, c, f["uniforms"])
-        elif name == "elastic_transform":
-            out = ref.elastic_transform(image, c, f["jitter"], f["noise_x"], f["noise_y"])
-        else:
-            out = getattr(ref, name)(image, c)
-        outs.append(np.uint8(out))
-    return np.stack(outs)
-
-
 @pytest.mark.parametrize("name", CORRUPTIONS)
 def test_matches_reference_transcription(name: str, images: np.ndarray) -> None:
     sample = images[[0, 1, 2, 6, 7]]
@@ -315,7 +280,7 @@ def test_matches_reference_transcription(name: str, images: np.ndarray) -> None:
     for severity in SEVERITIES:
         ours = to_uint8(corrupt(to_tensor(sample), name, severity, seed=seeds))
         fields = draw_fields(get_spec(name), severity, seeds, 32, 32)
-        theirs = reference_outputs(name, severity, sample, fields)
+        theirs = ref.apply_reference(name, severity, sample, fields)
         diff = np.abs(ours.astype(int) - theirs.astype(int))
         if name in EXACT:
             assert diff.max() == 0, f"{name} s{severity}: {np.mean(diff > 0):.4%} of values differ"
