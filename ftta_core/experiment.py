@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import pandas as pd
 import torch
+from torch.profiler import record_function
 
 from .engine.loop import Engine, StepResult
 from .scenarios import (Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools, fedctta_scenario,
@@ -334,18 +335,21 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
         steps = tqdm(steps, desc=f"{cfg.local}+{cfg.strategy}", initial=start, total=n_steps)
     slot_rows, slot_w = [], []
     for t in steps:
-        res = engine.step(stream.batch(t))
-        upload_bytes = res.upload_bytes
-        slot_rows += step_rows(res, stream.scenario)
-        slot_w.append(res.weights)
-        if classes is not None:
-            classes.add(res)
-        if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
-            writer.commit(engine, t + 1, slot_rows, slot_w, classes)
-        if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
-            rows += slot_rows
-            weights += slot_w
-            slot_rows, slot_w = [], []
+        with record_function("ftta.step"):  # the whole step, recording included
+            with record_function("ftta.stream"):
+                batch = stream.batch(t)
+            res = engine.step(batch)
+            upload_bytes = res.upload_bytes
+            slot_rows += step_rows(res, stream.scenario)
+            slot_w.append(res.weights)
+            if classes is not None:
+                classes.add(res)
+            if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
+                writer.commit(engine, t + 1, slot_rows, slot_w, classes)
+            if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
+                rows += slot_rows
+                weights += slot_w
+                slot_rows, slot_w = [], []
     table = pd.DataFrame(rows)
     collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
     summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes)

@@ -1,4 +1,9 @@
-"""The one loop: stream -> local method -> uploads -> strategy W -> mix -> predict -> record."""
+"""The one loop: stream -> local method -> uploads -> strategy W -> mix -> predict -> record.
+
+Each phase of a step runs under a ``torch.profiler.record_function`` label (``ftta.source``, ``ftta.adapt``,
+``ftta.uploads``, ``ftta.server``, ``ftta.mix``, ``ftta.predict``), so a profile of any method says where its time
+goes (``benchmarks/where_time_goes.py``); without an active profiler the labels cost about a microsecond each.
+"""
 from __future__ import annotations
 
 import logging
@@ -8,6 +13,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 from ..rng import torch_generator
 from ..stream import Stream, StreamBatch
@@ -89,9 +95,11 @@ class Engine:
     def local_phase(self, batch: StreamBatch, strategy: Strategy) -> "LocalPhase":
         """Source monitor and local adaptation of every client (with ``strategy``'s client regulariser)."""
         x, y = batch.images.to(self.device), batch.labels.to(self.device)
-        src_logits, src_feats = self._source_forward(x)
-        out_local = self.local.adapt(self.bank, x, strategy.regularizer(self.bank, x))
-        state = self.local.shared_state(self.bank)
+        with record_function("ftta.source"):
+            src_logits, src_feats = self._source_forward(x)
+        with record_function("ftta.adapt"):
+            out_local = self.local.adapt(self.bank, x, strategy.regularizer(self.bank, x))
+            state = self.local.shared_state(self.bank)
         context = {"indicator": src_feats.mean(1), "feature_mean": out_local.features.mean(1),
                    "logits_mean": out_local.logits.mean(1)}
         return LocalPhase(batch, x, y, src_logits, out_local.logits, state, context)
@@ -106,27 +114,30 @@ class Engine:
         """
         batch, x, state = phase.batch, phase.x, phase.state
         context = dict(phase.context)
-        context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
-        uploads = strategy.client_uploads(context)
-        present = self.present(batch.step)
-        finite = finite_clients({**state, **uploads}, self.n_clients)
+        with record_function("ftta.uploads"):
+            context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
+            uploads = strategy.client_uploads(context)
+            present = self.present(batch.step)
+            finite = finite_clients({**state, **uploads}, self.n_clients)
         if not bool(finite[present].all()):
             log.warning("step %d: rejected uploads of clients %s (NaN/Inf)", batch.step,
                         torch.nonzero(~finite & present).flatten().tolist())
         valid = finite & present
         sizes = torch.full((self.n_clients,), float(x.shape[1]))
         inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
-        weights = strategy.collaboration(inputs).detach().float().cpu()
-        weights = check_collaboration(restrict_to_valid(weights, valid), self.n_clients)
+        with record_function("ftta.server"):
+            weights = strategy.collaboration(inputs).detach().float().cpu()
+            weights = check_collaboration(restrict_to_valid(weights, valid), self.n_clients)
         mixed: Dict[str, torch.Tensor] = {}
         if state:
-            mixed = strategy.mix(state, weights.to(self.device))
-            # a rejected client keeps its own state exactly
-            if not bool(valid.all()):
-                mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
-                         for k, v in mixed.items()}
-            self.local.load_state(self.bank, mixed)
-            strategy.after_mix(mixed, inputs)
+            with record_function("ftta.mix"):
+                mixed = strategy.mix(state, weights.to(self.device))
+                # a rejected client keeps its own state exactly
+                if not bool(valid.all()):
+                    mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
+                             for k, v in mixed.items()}
+                self.local.load_state(self.bank, mixed)
+                strategy.after_mix(mixed, inputs)
         if strategy.finetune_after_mix and self.local.shares == "params":
             # adapt again on the same batch after aggregation, then predict with the fine-tuned model
             # (with TTA-bn there is nothing to fine-tune: FedAvg+FT equals FedAvg, as in FedTSA Table 1)
@@ -134,7 +145,8 @@ class Engine:
             seen = None
         logits = _same_state_logits(seen, mixed)
         if logits is None:
-            logits = self.local.predict(self.bank, x).logits
+            with record_function("ftta.predict"):
+                logits = self.local.predict(self.bank, x).logits
             if seen is not None:
                 seen.append((mixed, logits))
         upload_bytes = sum(int(t[0].numel() * t.element_size()) for t in {**state, **uploads}.values())

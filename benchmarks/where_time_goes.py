@@ -1,0 +1,103 @@
+"""Where the time of a protocol step goes: the engine's phases and the top operators, from torch.profiler.
+
+Runs the FedTSA CIFAR-10-C protocol (20 clients, batch 10, ResNet-8, NIID) for ``--steps`` steps per case under
+``torch.profiler`` after one un-profiled warm-up run of the same steps (so the corrupted images are cached and the
+numbers are steady state), and reads the engine's ``record_function`` labels (``ftta.stream``, ``ftta.source``,
+``ftta.adapt``, ``ftta.uploads``, ``ftta.server``, ``ftta.mix``, ``ftta.predict``; see ``ftta_core/engine/loop.py``).
+Shares are of the time inside ``ftta.step`` (set-up and summaries excluded); "other" is what a step spends outside
+the labelled phases (recording, checks). Absolute numbers depend on the machine and its load.
+
+    python benchmarks/where_time_goes.py [--device cpu|cuda] [--steps 20] [--cases bn+fedavg bn+fedtsa ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ftta_core.experiment import ExperimentConfig, run_experiment
+from ftta_core.paper import TTA_SETTINGS
+
+STEP = "ftta.step"  # the whole step (stream, engine, recording): the denominator of the shares
+PHASES = ("ftta.stream", "ftta.source", "ftta.adapt", "ftta.uploads", "ftta.server", "ftta.mix", "ftta.predict")
+CASES = {  # name -> (TTA setting of Table 1, strategy)
+    "bn+fedavg": ("bn", "fedavg"),
+    "bn+fedtsa": ("bn", "fedtsa"),
+    "bn+fedctta": ("bn", "fedctta"),
+    "grad+fedavg": ("grad", "fedavg"),
+}
+
+
+def protocol_config(case: str, steps: int, device: str) -> ExperimentConfig:
+    """Table 1's NIID protocol config for ``case``, truncated to ``steps``."""
+    tta, strategy = CASES[case]
+    return ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", clients=20, batch_size=10,
+                            images_per_client=500, severity=5, strategy=strategy, device=device, max_steps=steps,
+                            **TTA_SETTINGS[tta])
+
+
+def profile_case(case: str, steps: int, device: str, top: int = 8) -> dict:
+    """Phase times and the ``top`` operators by self time for ``steps`` steps of ``case``."""
+    cfg = protocol_config(case, steps, device)
+    run_experiment(cfg)  # warm-up: caches the corrupted images, first-call allocations
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    with profile(activities=activities) as prof:
+        run_experiment(cfg)
+    events = prof.key_averages()
+    totals = {e.key: e.cpu_time_total / 1e6 for e in events if e.key in PHASES or e.key == STEP}
+    wall, phases = totals[STEP], totals
+    ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: e.self_cpu_time_total,
+                 reverse=True)[:top]
+    return {"case": case, "steps": steps, "wall_s": wall, "ms_per_step": 1000 * wall / steps,
+            "phases_s": {p: phases.get(p, 0.0) for p in PHASES},
+            "top_ops": [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in ops]}
+
+
+def markdown(results: list, command: str) -> str:
+    """The phase-share table and each case's top operators."""
+    lines = [f"Made by: `{command}`", "",
+             "Share of the step time per engine phase (%), and ms per step (profiler overhead included):", "",
+             "| case | ms/step | " + " | ".join(p.removeprefix("ftta.") for p in PHASES) + " | other |",
+             "|---|---|" + "---|" * (len(PHASES) + 1)]
+    for r in results:
+        shares = [100 * r["phases_s"][p] / r["wall_s"] for p in PHASES]
+        lines.append(f"| {r['case']} | {r['ms_per_step']:.0f} | " + " | ".join(f"{s:.1f}" for s in shares)
+                     + f" | {100 - sum(shares):.1f} |")
+    for r in results:
+        lines += ["", f"Top operators by self time, {r['case']}:", "", "| operator | self s | calls | % of step time |",
+                  "|---|---|---|---|"]
+        lines += [f"| `{o['op']}` | {o['self_s']:.2f} | {o['calls']} | {100 * o['self_s'] / r['wall_s']:.1f} |"
+                  for o in r["top_ops"]]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/where_time_goes_DEVICE.json)")
+    args = parser.parse_args()
+    device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
+    out = Path(args.out or Path(__file__).parent / "results" / f"where_time_goes_{device_kind}.json")
+    results = []
+    for case in args.cases:
+        results.append(profile_case(case, args.steps, args.device))
+        print(f"{case}: {results[-1]['ms_per_step']:.0f} ms/step", flush=True)
+    command = "python benchmarks/where_time_goes.py " + " ".join(
+        [f"--device {args.device}", f"--steps {args.steps}", "--cases " + " ".join(args.cases)])
+    meta = {"command": command, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "machine": platform.processor() or platform.machine(), "device": args.device}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    text = markdown(results, command)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
