@@ -7,7 +7,10 @@ numbers are steady state), and reads the engine's ``record_function`` labels (``
 Shares are of the time inside ``ftta.step`` (set-up and summaries excluded); "other" is what a step spends outside
 the labelled phases (recording, checks). Absolute numbers depend on the machine and its load.
 
-    python benchmarks/where_time_goes.py [--device cpu|cuda] [--steps 20] [--cases bn+fedavg bn+fedtsa ...]
+    python benchmarks/where_time_goes.py [--device cpu|cuda] [--steps 20] [--cases bn+fedavg bn+fedtsa ...] [--top 8]
+
+Also the protocol's wall time per strategy: ms per step of an un-profiled run of the same steps x 750 (one strategy
+per run; ``fedtsa-table --tta bn`` shares the local phase between baselines and is faster than their sum).
 """
 from __future__ import annotations
 
@@ -24,12 +27,12 @@ from ftta_core.paper import TTA_SETTINGS
 
 STEP = "ftta.step"  # the whole step (stream, engine, recording): the denominator of the shares
 PHASES = ("ftta.stream", "ftta.source", "ftta.adapt", "ftta.uploads", "ftta.server", "ftta.mix", "ftta.predict")
-CASES = {  # name -> (TTA setting of Table 1, strategy)
-    "bn+fedavg": ("bn", "fedavg"),
-    "bn+fedtsa": ("bn", "fedtsa"),
-    "bn+fedctta": ("bn", "fedctta"),
-    "grad+fedavg": ("grad", "fedavg"),
-}
+BN_STRATEGIES = ("local", "fedavg", "fedavg_ft", "fedprox", "fedavgm", "fedamp", "moon", "pfedsd", "pfedgraph",
+                 "ldawa", "fedtsa", "fedctta")
+CASES = {f"bn+{s}": ("bn", s) for s in BN_STRATEGIES}  # name -> (TTA setting of Table 1, strategy)
+CASES.update({"grad+local": ("grad", "local"), "grad+fedavg": ("grad", "fedavg"), "grad+fedtsa": ("grad", "fedtsa")})
+PROTOCOL_STEPS = 750  # the FedTSA CIFAR-10-C protocol: 15 corruptions x 50 steps
+DEFAULT_CASES = [*(f"bn+{s}" for s in BN_STRATEGIES), "grad+local", "grad+fedavg"]
 
 
 def protocol_config(case: str, steps: int, device: str) -> ExperimentConfig:
@@ -44,6 +47,7 @@ def profile_case(case: str, steps: int, device: str, top: int = 8) -> dict:
     """Phase times and the ``top`` operators by self time for ``steps`` steps of ``case``."""
     cfg = protocol_config(case, steps, device)
     run_experiment(cfg)  # warm-up: caches the corrupted images, first-call allocations
+    plain = run_experiment(cfg).summary["wall_time_s"]  # the same steps without the profiler
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with profile(activities=activities) as prof:
         run_experiment(cfg)
@@ -53,6 +57,8 @@ def profile_case(case: str, steps: int, device: str, top: int = 8) -> dict:
     ops = sorted((e for e in events if e.key.startswith("aten::")), key=lambda e: e.self_cpu_time_total,
                  reverse=True)[:top]
     return {"case": case, "steps": steps, "wall_s": wall, "ms_per_step": 1000 * wall / steps,
+            "ms_per_step_unprofiled": 1000 * plain / steps,
+            "protocol_minutes": plain / steps * PROTOCOL_STEPS / 60,
             "phases_s": {p: phases.get(p, 0.0) for p in PHASES},
             "top_ops": [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "calls": e.count} for e in ops]}
 
@@ -60,13 +66,14 @@ def profile_case(case: str, steps: int, device: str, top: int = 8) -> dict:
 def markdown(results: list, command: str) -> str:
     """The phase-share table and each case's top operators."""
     lines = [f"Made by: `{command}`", "",
-             "Share of the step time per engine phase (%), and ms per step (profiler overhead included):", "",
-             "| case | ms/step | " + " | ".join(p.removeprefix("ftta.") for p in PHASES) + " | other |",
-             "|---|---|" + "---|" * (len(PHASES) + 1)]
+             "ms per step without the profiler, the full protocol's projected wall time (that x 750 steps), and the "
+             "share of the (profiled) step time per engine phase (%):", "",
+             "| case | ms/step | protocol (min) | " + " | ".join(p.removeprefix("ftta.") for p in PHASES)
+             + " | other |", "|---|---|---|" + "---|" * (len(PHASES) + 1)]
     for r in results:
         shares = [100 * r["phases_s"][p] / r["wall_s"] for p in PHASES]
-        lines.append(f"| {r['case']} | {r['ms_per_step']:.0f} | " + " | ".join(f"{s:.1f}" for s in shares)
-                     + f" | {100 - sum(shares):.1f} |")
+        lines.append(f"| {r['case']} | {r['ms_per_step_unprofiled']:.0f} | {r['protocol_minutes']:.1f} | "
+                     + " | ".join(f"{s:.1f}" for s in shares) + f" | {100 - sum(shares):.1f} |")
     for r in results:
         lines += ["", f"Top operators by self time, {r['case']}:", "", "| operator | self s | calls | % of step time |",
                   "|---|---|---|---|"]
@@ -79,17 +86,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
+    parser.add_argument("--top", type=int, default=8, help="operators listed per case")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/where_time_goes_DEVICE.json)")
     args = parser.parse_args()
     device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
     out = Path(args.out or Path(__file__).parent / "results" / f"where_time_goes_{device_kind}.json")
     results = []
     for case in args.cases:
-        results.append(profile_case(case, args.steps, args.device))
-        print(f"{case}: {results[-1]['ms_per_step']:.0f} ms/step", flush=True)
+        results.append(profile_case(case, args.steps, args.device, args.top))
+        print(f"{case}: {results[-1]['ms_per_step_unprofiled']:.0f} ms/step", flush=True)
     command = "python benchmarks/where_time_goes.py " + " ".join(
-        [f"--device {args.device}", f"--steps {args.steps}", "--cases " + " ".join(args.cases)])
+        [f"--device {args.device}", f"--steps {args.steps}", f"--top {args.top}", "--cases " + " ".join(args.cases)])
     meta = {"command": command, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "machine": platform.processor() or platform.machine(), "device": args.device}
     out.parent.mkdir(parents=True, exist_ok=True)
