@@ -194,7 +194,7 @@ us from random initialisation to 50.8% clean CIFAR-10 accuracy), nearest-prototy
 ten to a hundred labelled images cannot rebuild class structure that the backbone's features do not have (compare the
 t-SNE panels (b) and (c)). VeSSAL and random selection are within one standard deviation of each other at every k,
 and the FedAvg-merged A gives a joining client no head start over the server's A. On Office-Caltech-10 accuracy rises
-with k as in the paper's Table 2 (48.3 -> 56.1 averaged over pairs from k = 3 to 5), 25-30 points below the paper's
+with k as in the paper's Table 2 (48.3 -> 56.0 averaged over pairs from k = 3 to 5), 25-30 points below the paper's
 Office-31 numbers, which start from ImageNet weights at 224 px. What does hold is the cost: a client trains and
 sends 2.4% of what full fine-tuning would.
 """),
