@@ -99,8 +99,9 @@ def beside_paper(ours: pd.DataFrame, paper: Mapping[str, float], label: str = "p
 
 
 def format_mean_std(table: pd.DataFrame, digits: int = 2) -> pd.Series:
-    """'mean ± std' strings."""
-    return table.apply(lambda r: f"{r['mean']:.{digits}f} ± {r['std']:.{digits}f}", axis=1)
+    """'mean ± std' strings ('–' where the mean is missing, e.g. a cell no run could fill)."""
+    return table.apply(lambda r: "–" if pd.isna(r["mean"]) else f"{r['mean']:.{digits}f} ± {r['std']:.{digits}f}",
+                       axis=1)
 
 
 def over_seeds(table: pd.DataFrame, by: Sequence[str], value: str = "accuracy") -> Tuple[pd.DataFrame, pd.DataFrame]:

@@ -65,3 +65,9 @@ def test_over_seeds_averages_clients_within_a_seed_then_seeds():
     # k=3: seed means 15 and 35 -> mean 25, std (ddof 1) 14.14; k=5: 50 and 60 -> 55 +- 7.07
     assert cells.loc[3, "random"] == "25.00 ± 14.14" and cells.loc[5, "random"] == "55.00 ± 7.07"
     assert per_seed.accuracy.tolist() == [15.0, 35.0, 50.0, 60.0]
+
+
+def test_format_mean_std_marks_missing_cells():
+    from ftta_core.workbook import format_mean_std
+    table = pd.DataFrame({"mean": [1.234, float("nan")], "std": [0.5, 0.0]}, index=["a", "b"])
+    assert format_mean_std(table).tolist() == ["1.23 ± 0.50", "–"]
