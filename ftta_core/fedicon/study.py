@@ -1,8 +1,9 @@
 """FedICON and its baselines on one set of clients, sharing trained models between methods, with cached results.
 
 A method is (trained models, test-time procedure). Trained models are built once per ``Study`` and reused (FedAvg
-serves FedAvg, FedAvg-FT, Tent, EATA and T3A); results are cached as JSON under a results folder keyed by the full
-setting, so a rerun of the notebook reads them.
+serves FedAvg, FedAvg-FT, Tent, EATA and T3A; FedTHE's two-head models serve FedTHE and FedTHE+); results are cached
+as JSON under a results folder keyed by the full setting (FedTHE's settings join the key of its methods only, so the
+other methods' cached results keep their keys), so a rerun of the notebook reads them.
 """
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from torch import nn
 from ..rng import torch_generator
 from .adaptation import TTAConfig, accuracy, contrastive_tta, eata_predict, predict, t3a_predict, tent_predict
 from .data import ClientData
+from .fedthe import FedTHEConfig, fedthe_train, the_predict
 from .training import TrainConfig, federated_train, fine_tune, train_classifier
 
-TABLE1_METHODS = ("Local", "FedAvg", "FedAvg-FT", "FedProx", "FedRep", "FedBN", "Tent", "EATA", "T3A", "FedICON")
+TABLE1_METHODS = ("Local", "FedAvg", "FedAvg-FT", "FedProx", "FedRep", "FedBN", "FedTHE", "Tent", "EATA", "T3A",
+                  "FedICON")
 # Table 8: (local invariance extraction, global invariance sharing, test-time adaptation) -> (models, test-time)
 ABLATION = {
     (False, False, False): ("local_ce", "none"), (True, False, False): ("local_supcon", "none"),
@@ -33,6 +36,7 @@ ABLATION = {
 METHODS: Dict[str, Tuple[str, str]] = {
     "Local": ("local_ce", "none"), "FedAvg": ("fedavg", "none"), "FedAvg-FT": ("fedavg_ft", "none"),
     "FedProx": ("fedprox", "none"), "FedRep": ("fedrep", "none"), "FedBN": ("fedbn", "none"),
+    "FedTHE": ("fedthe", "the"), "FedTHE+": ("fedthe", "the_plus"),
     "Tent": ("fedavg", "tent"), "EATA": ("fedavg", "eata"), "T3A": ("fedavg", "t3a"),
     "FedICON": ("fed_supcon", "contrastive"), "FedICON-us": ("fed_simclr", "contrastive"),
     "FedICON w/o TTA": ("fed_supcon", "none"),
@@ -49,8 +53,9 @@ class Study:
     """Trains (lazily, once) the models the requested methods need and evaluates them on each client's test set."""
 
     def __init__(self, clients: Sequence[ClientData], arch: str, train_cfg: TrainConfig, tta_cfg: TTAConfig,
-                 seed: int) -> None:
+                 seed: int, the_cfg: Optional[FedTHEConfig] = None) -> None:
         self.clients, self.arch, self.cfg, self.tta, self.seed = list(clients), arch, train_cfg, tta_cfg, seed
+        self.the = the_cfg or FedTHEConfig()
         self._models: Dict[str, List[nn.Module]] = {}
 
     def models(self, key: str) -> List[nn.Module]:
@@ -69,6 +74,7 @@ class Study:
             "fedprox": lambda: federated_train(c, arch, "ce", cfg, s, share="all", prox=True, tag="prox"),
             "fedrep": lambda: federated_train(c, arch, "ce", cfg, s, share="encoder", fedrep=True, tag="rep"),
             "fedbn": lambda: federated_train(c, bn_arch, "ce", cfg, s, share="non_bn", tag="bn"),
+            "fedthe": lambda: fedthe_train(c, arch, cfg, self.the, s),
             "fed_supcon": lambda: train_classifier(federated_train(c, arch, "supcon", cfg, s, share="encoder"), c, cfg, s),
             "local_supcon": lambda: train_classifier(federated_train(c, arch, "supcon", cfg, s, share="none"), c, cfg, s,
                                                      federated=False),
@@ -97,6 +103,10 @@ class Study:
                 out.append(eata_predict(model, x, data.x_train, self.tta, self.seed))
             elif test_time == "t3a":
                 out.append(t3a_predict(model, x, self.tta))
+            elif test_time in ("the", "the_plus"):
+                views = self.cfg.views if test_time == "the_plus" else None
+                gen = torch_generator(self.seed, "fedthe-plus", i, int(clean)) if views is not None else None
+                out.append(the_predict(model, x, self.the, self.tta.batch_size, views, gen)[0])
             else:
                 out.append(predict(model, x))
         return out
@@ -113,9 +123,12 @@ def setting_key(setting: dict) -> str:
 
 def run_methods(results_dir: Path, setting: dict, methods: Sequence[str], seeds: Sequence[int],
                 build_clients: Callable[[int], Sequence[ClientData]], arch: str, train_cfg: TrainConfig,
-                tta_cfg: TTAConfig, clean: bool = False, progress: Optional[Callable[[str], None]] = print) -> pd.DataFrame:
+                tta_cfg: TTAConfig, clean: bool = False, progress: Optional[Callable[[str], None]] = print,
+                the_cfg: Optional[FedTHEConfig] = None) -> pd.DataFrame:
     """Tidy rows (method, seed, client, accuracy, shift) for every method and seed, read from or written to
-    ``results_dir/<hash>.json`` (one file per setting, seed, method and shift)."""
+    ``results_dir/<hash>.json`` (one file per setting, seed, method and shift; ``the_cfg`` -- default
+    ``FedTHEConfig()`` -- is part of the key of FedTHE's methods only)."""
+    the_cfg = the_cfg or FedTHEConfig()
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -125,12 +138,14 @@ def run_methods(results_dir: Path, setting: dict, methods: Sequence[str], seeds:
             for shifted in ([True, False] if clean else [True]):
                 full = {**setting, "arch": arch, "train": asdict(train_cfg), "tta": asdict(tta_cfg), "seed": seed,
                         "method": method, "shifted": shifted}
+                if METHODS.get(method, ("",))[0] == "fedthe":
+                    full["the"] = asdict(the_cfg)
                 path = results_dir / f"{setting_key(full)}.json"
                 if path.exists():
                     record = json.loads(path.read_text())
                 else:
                     if study is None:
-                        study = Study(build_clients(seed), arch, train_cfg, tta_cfg, seed)
+                        study = Study(build_clients(seed), arch, train_cfg, tta_cfg, seed, the_cfg)
                     t0 = time.time()
                     acc = study.accuracies(method, clean=not shifted)
                     record = {"setting": full, "accuracy": acc, "wall_s": round(time.time() - t0, 2)}

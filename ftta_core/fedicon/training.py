@@ -8,7 +8,8 @@
 
 Baselines share the same loop: Local (nothing shared), FedAvg (everything), FedProx (+ mu/2 ||w - w_global||^2),
 FedRep (body shared; the head trained first with the body frozen, then the body with the head frozen), FedBN
-(BatchNorm layers local), FedAvg-FT (FedAvg, then one more local round).
+(BatchNorm layers local), FedAvg-FT (FedAvg, then one more local round); FedTHE (``fedthe``) shares everything,
+trains with the balanced softmax ('bsm') and hooks its personalised head in through ``before_local``.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .losses import ntxent_loss, supcon_loss
 from .models import bn_state_names, encoder_names, head_names, make_model
 
 SHARE_MODES = ("all", "encoder", "none", "non_bn")
-OBJECTIVES = ("ce", "supcon", "simclr")
+OBJECTIVES = ("ce", "supcon", "simclr", "bsm")
 Objective = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
 
 
@@ -109,11 +110,17 @@ def shared_keys(model: nn.Module, share: str) -> List[str]:
     return []
 
 
-def make_objective(name: str, cfg: TrainConfig) -> Objective:
-    """The local loss: 'ce' (cross-entropy), 'supcon' (eq. 2-3 on two views) or 'simclr' (eq. 5 on two views)."""
+def make_objective(name: str, cfg: TrainConfig, class_counts: Optional[torch.Tensor] = None) -> Objective:
+    """The local loss: 'ce' (cross-entropy), 'supcon' (eq. 2-3 on two views), 'simclr' (eq. 5 on two views) or
+    'bsm' (balanced softmax: cross-entropy of ``logits + log(class_counts + 1)``, the client's label histogram)."""
     check_choice("objective", name, OBJECTIVES)
     if name == "ce":
         return lambda model, x, y, gen: F.cross_entropy(model(x), y)
+    if name == "bsm":
+        if class_counts is None:
+            raise ValueError("the 'bsm' objective needs the client's class_counts")
+        log_prior = torch.log(class_counts.float() + 1.0)
+        return lambda model, x, y, gen: F.cross_entropy(model(x) + log_prior, y)
     spec = cfg.views
 
     def contrastive(model: nn.Module, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -157,17 +164,22 @@ def local_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int
 
 
 def federated_train(clients: Sequence[ClientData], arch: str, objective: str, cfg: TrainConfig, seed: int,
-                    share: str = "all", prox: bool = False, fedrep: bool = False, tag: str = "") -> List[nn.Module]:
+                    share: str = "all", prox: bool = False, fedrep: bool = False, tag: str = "",
+                    before_local: Optional[Callable[[int, int, nn.Module], None]] = None) -> List[nn.Module]:
     """Algorithm 1's training loop: ``cfg.rounds`` rounds of local updates, then averaging of ``shared_keys``
-    weighted by data size (eq. 4); returns the clients' models (identical where shared)."""
-    start = make_model(arch, seed, num_classes=int(max(int(c.y_train.max()) for c in clients)) + 1)
+    weighted by data size (eq. 4); returns the clients' models (identical where shared). ``before_local(round,
+    client, model)`` runs on each client's received model before its local update (FedTHE's personalised head)."""
+    num_classes = int(max(int(c.y_train.max()) for c in clients)) + 1
+    start = make_model(arch, seed, num_classes=num_classes)
     models = [copy.deepcopy(start) for _ in clients]
     weights = aggregation_weights([len(c) for c in clients])
     keys = shared_keys(start, share)
-    loss = make_objective(objective, cfg)
+    losses = [make_objective(objective, cfg, torch.bincount(c.y_train, minlength=num_classes)) for c in clients]
     for r in range(cfg.rounds):
         anchor = {n: p.detach().clone() for n, p in models[0].named_parameters()} if prox else None
-        for i, (model, data) in enumerate(zip(models, clients)):
+        for i, (model, data, loss) in enumerate(zip(models, clients, losses)):
+            if before_local is not None:
+                before_local(r, i, model)
             gen = torch_generator(seed, "fedicon-train", tag or objective, share, r, i)
             if fedrep:
                 local_update(model, data.x_train, data.y_train, cfg.head_epochs, cfg, gen, loss, head_names(model))
