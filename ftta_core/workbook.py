@@ -108,10 +108,12 @@ def over_seeds(table: pd.DataFrame, by: Sequence[str], value: str = "accuracy") 
     """Seed-level summary of a long table with a ``seed`` column (e.g. one row per client, k, seed).
 
     Returns ('mean ± std' over seeds of the per-seed mean of ``value``, one row per ``by`` group, the last ``by``
-    column unstacked into columns; the per-seed means as a long table).
+    column unstacked into columns when there are two or more; the per-seed means as a long table).
     """
-    per_seed = table.groupby(list(by) + ["seed"], sort=False)[value].mean().reset_index()
-    return format_mean_std(mean_std(per_seed, by=list(by), value=value)).unstack(), per_seed
+    by = list(by)
+    per_seed = table.groupby(by + ["seed"], sort=False)[value].mean().reset_index()
+    cells = format_mean_std(mean_std(per_seed, by=by, value=value))
+    return (cells.unstack() if len(by) > 1 else cells.to_frame(value)), per_seed
 
 
 def load_results(out: Path) -> Results:

@@ -71,3 +71,9 @@ def test_format_mean_std_marks_missing_cells():
     from ftta_core.workbook import format_mean_std
     table = pd.DataFrame({"mean": [1.234, float("nan")], "std": [0.5, 0.0]}, index=["a", "b"])
     assert format_mean_std(table).tolist() == ["1.23 ± 0.50", "–"]
+
+
+def test_over_seeds_with_one_grouping_column_keeps_a_column_of_cells():
+    table = pd.DataFrame({"k": [3, 3, 5, 5], "seed": [0, 1, 0, 1], "accuracy": [10.0, 20.0, 30.0, 30.0]})
+    cells, _ = over_seeds(table, ["k"])
+    assert cells["accuracy"].tolist() == ["15.00 ± 7.07", "30.00 ± 0.00"]

@@ -14,5 +14,6 @@ __all__ = ["CHECKPOINT_DIR", "ClientResult", "ClientSpec", "FedAcrossNet", "Mode
            "RECIPES", "SELECTIONS", "VolumeSampler", "accuracy", "adapt_client", "adapter_names", "adapter_state",
            "backbone_features", "balanced_select", "build_model", "class_prototypes", "classifier_accuracy",
            "count_parameters", "embed_features", "freeze_for_client", "load_adapter", "load_fedacross",
-           "merge_adapters", "untrained_fedacross", "nearest_prototype", "predict", "pretrain_server", "prototype_distances",
-           "random_select", "run_client", "save_fedacross", "sherman_morrison", "train_recipe", "vessal_select"]
+           "merge_adapters", "nearest_prototype", "predict", "pretrain_server", "prototype_distances",
+           "random_select", "run_client", "save_fedacross", "sherman_morrison", "train_recipe", "untrained_fedacross",
+           "vessal_select"]

@@ -3,7 +3,8 @@
 The fast path for tests and notebooks: the ServerApp and ClientApps are the real Flower objects and exchange real
 ``Message``/``RecordDict`` objects (each ``ArrayRecord`` holds serialised bytes), only the transport is a function
 call, with no process per message. The same apps also run on a real superlink/supernodes and on Flower's Ray
-simulation engine (``ftta_core/flower/deploy.py``, ``tests/test_flower_deployment.py``). Message ids are assigned as Flower's own ``InMemoryGrid`` does.
+simulation engine (``ftta_core/flower/deploy.py``, ``tests/test_flower_deployment.py``). Message ids are assigned
+as Flower's own ``InMemoryGrid`` does.
 """
 from __future__ import annotations
 
