@@ -30,16 +30,23 @@ notebooks: $(STAMP)
 figures: $(STAMP)
 	$(PY) -m ftta_core notebooks
 
-# The stored CIFAR-10-C paper runs (resumable; hours on a 2-core CPU, minutes on a GPU: DEVICE=cuda SEEDS="0 1 2 3 4")
+# The stored CIFAR-10-C paper runs (resumable). The tables plan their missing runs (FTTA_PLAN), run-plan runs them
+# WORKERS at a time, then the tables are written from the stored runs. On one GPU, start the MPS daemon first
+# (nvidia-cuda-mps-control -d): 14 workers then run ~4x more runs per minute than without it (benchmarks/README.md).
 BASELINES := local fedavg fedavg_ft fedprox fedavgm fedamp moon pfedsd pfedgraph ldawa
 SEEDS ?= 0 1 2
-DEVICE ?= auto
+WORKERS ?= 1
+PLAN ?= runs/paper-runs.plan.jsonl
+TABLE1 = $(PY) -m ftta_core fedtsa-table --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) \
+	--results figures/fedtsa_table1/runs
 paper-runs: $(STAMP)
-	$(PY) -m ftta_core fedtsa-table --tta bn --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) --device $(DEVICE) \
-		--results figures/fedtsa_table1/runs --table figures/fedtsa_table1/cifar10_bn
-	$(PY) -m ftta_core fedtsa-table --tta grad --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) --device $(DEVICE) \
-		--results figures/fedtsa_table1/runs --table figures/fedtsa_table1/cifar10_grad
-	$(PY) -m ftta_core case-study --tta bn --device $(DEVICE) --out figures/case_study/cifar10_bn
+	rm -f $(PLAN)
+	FTTA_PLAN=$(PLAN) $(TABLE1) --tta bn --table figures/fedtsa_table1/cifar10_bn
+	FTTA_PLAN=$(PLAN) $(TABLE1) --tta grad --table figures/fedtsa_table1/cifar10_grad
+	if [ -s $(PLAN) ]; then $(PY) -m ftta_core run-plan $(PLAN) --workers $(WORKERS); fi
+	$(TABLE1) --tta bn --table figures/fedtsa_table1/cifar10_bn --only-cached
+	$(TABLE1) --tta grad --table figures/fedtsa_table1/cifar10_grad --only-cached
+	$(PY) -m ftta_core case-study --tta bn --out figures/case_study/cifar10_bn
 	$(PY) -m ftta_core notebooks 10_fedtsa 11_fedtsa_ablations 12_fedtsa_collaboration
 
 clean:

@@ -242,6 +242,7 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
 
     from .experiment import ExperimentConfig
     from .paper import TTA_SETTINGS, beside_fedtsa_table1, to_markdown
+    from .plan import PLAN_ENV, plan_file
     from .workbook import run_grid, run_strategy_grid
 
     frames = []
@@ -257,12 +258,47 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
             g = run_grid(base, variants, args.seeds, results_dir=args.results, only_cached=args.only_cached)
         frames.append(g.rename(columns={"variant": "strategy"}).assign(setting=setting))
     grid = pd.concat(frames, ignore_index=True)
+    if plan_file() is not None:
+        print(f"planned the missing runs in {plan_file()} (${PLAN_ENV}); run them with: "
+              f"python -m ftta_core run-plan {plan_file()} --workers N, then re-run this command")
+        return 0
     table = beside_fedtsa_table1(grid, args.dataset, args.tta, args.strategies)
     args.table.parent.mkdir(parents=True, exist_ok=True)
     grid.to_csv(args.table.with_suffix(".runs.csv"), index=False)
     table.to_csv(args.table.with_suffix(".csv"), index=False)
     write_markdown(args.table.with_suffix(".md"), to_markdown(table))
     return 0
+
+
+def _add_run_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run-plan", help="run the jobs planned with FTTA_PLAN=FILE, several processes at a time",
+                       description="A notebook or fedtsa-table run with FTTA_PLAN=FILE runs nothing and appends the "
+                                   "runs it lacks to FILE. This command runs them, --workers at a time (processes "
+                                   "sharing one GPU, or one per CPU core), storing each summary where the grid "
+                                   "looks for it; re-run the notebook or table to read them back.")
+    p.add_argument("plan", type=Path, help="the plan file (JSON lines)")
+    p.add_argument("--workers", type=int, default=1, help="parallel worker processes")
+    p.add_argument("--threads", type=int, help="torch threads per worker (default: CPU cores / workers)")
+    p.add_argument("--deadline-s", type=float, dest="deadline_s",
+                   help="start no job after this many seconds (running ones finish)")
+    p.set_defaults(func=cmd_run_plan)
+
+
+def cmd_run_plan(args: argparse.Namespace) -> int:
+    import functools
+
+    from .plan import read_plan, run_plan
+
+    if not args.plan.is_file():
+        raise SystemExit(f"plan file '{args.plan}' does not exist (make one with FTTA_PLAN={args.plan} ...)")
+    jobs = read_plan(args.plan)
+    print(f"{len(jobs)} planned jobs, {args.workers} workers", flush=True)
+    done = run_plan(jobs, workers=args.workers, deadline_s=args.deadline_s, threads=args.threads,
+                    log=functools.partial(print, flush=True))
+    errors = [d for d in done if "error" in d]
+    skipped = sum(1 for d in done if d.get("skipped"))
+    print(f"ran {sum(d['runs'] for d in done)} runs; {skipped} jobs skipped at the deadline; {len(errors)} failed")
+    return 1 if errors else 0
 
 
 def _add_case_study(sub: argparse._SubParsersAction) -> None:
@@ -425,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "workbook. Every command has --help.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_run, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
-                _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
+                _add_run_plan, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)
     return parser
 

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import pandas as pd
 
 from .experiment import ExperimentConfig, Results, identity_of, run_experiment
+from .plan import add_to_plan, plan_file, store_summary
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
 
@@ -42,14 +43,16 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
             summary = json.loads(path.read_text())
         elif only_cached:
             continue
+        elif path is not None and plan_file() is not None:  # planning: record the run, run nothing
+            add_to_plan(cfg.to_dict(), results_dir)
+            continue
         else:
             res = run_experiment(cfg)
             summary = res.summary
             if keep:
                 kept[(name, seed)] = res
             if path is not None:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(json.dumps(summary, indent=1, default=float))
+                store_summary(path, summary)
         rows.append({"variant": name, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
     table = pd.DataFrame(rows, columns=["variant", "seed", *SUMMARY_KEYS]) if not rows else pd.DataFrame(rows)
     table.attrs["results"] = kept
@@ -69,13 +72,15 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
         paths = {s: Path(results_dir) / f"{config_key(c)}.json" if results_dir is not None else None
                  for s, c in cfgs.items()}
         missing = [s for s in strategies if paths[s] is None or not paths[s].exists()]
+        if missing and results_dir is not None and plan_file() is not None and not only_cached:
+            add_to_plan(cfgs[missing[0]].to_dict(), results_dir, missing)  # planning: record the pass, run nothing
+            missing = []
         fresh = {} if (only_cached or not missing) else run_strategies(cfgs[missing[0]], missing, progress=progress)
         for s in strategies:
             if s in fresh:
                 summary = fresh[s].summary
                 if paths[s] is not None:
-                    paths[s].parent.mkdir(parents=True, exist_ok=True)
-                    paths[s].write_text(json.dumps(summary, indent=1, default=float))
+                    store_summary(paths[s], summary)
             elif paths[s] is not None and paths[s].exists():
                 summary = json.loads(paths[s].read_text())
             else:

@@ -1,0 +1,64 @@
+"""Planned runs: a grid with FTTA_PLAN set runs nothing and records its missing runs; run-plan runs them in worker
+processes and stores exactly the summaries the grid then reads back (same numbers as running the grid directly)."""
+import json
+
+import pytest
+
+from ftta_core.cli import main
+from ftta_core.experiment import ExperimentConfig
+from ftta_core.plan import PLAN_ENV, read_plan, run_plan
+from ftta_core.workbook import run_grid, run_strategy_grid
+
+BASE = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=5,
+                        images_per_client=10, corruptions=["fog", "contrast", "frost", "glass_blur"], local="bn", device="cpu", max_steps=3)
+
+
+def test_planning_runs_nothing_and_records_each_missing_run_once(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.jsonl"
+    monkeypatch.setenv(PLAN_ENV, str(plan))
+    variants = {"local": {"strategy": "local"}, "fedavg": {"strategy": "fedavg"}}
+    assert run_grid(BASE, variants, [0, 1], results_dir=tmp_path / "runs").empty
+    assert run_strategy_grid(BASE, ["local", "fedavg"], [0], results_dir=tmp_path / "shared").empty
+    run_grid(BASE, variants, [0, 1], results_dir=tmp_path / "runs")  # asked twice: planned twice, read once
+    assert not (tmp_path / "runs").exists()
+    jobs = read_plan(plan)
+    assert len(jobs) == 5
+    assert [j.strategies for j in jobs].count(("local", "fedavg")) == 1  # one shared pass for the TTA-bn grid
+
+
+def test_run_plan_in_workers_stores_what_the_grid_reads_back(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.jsonl"
+    variants = {"local": {"strategy": "local"}, "fedavg": {"strategy": "fedavg"}}
+    monkeypatch.setenv(PLAN_ENV, str(plan))
+    run_grid(BASE, variants, [0], results_dir=tmp_path / "planned")
+    monkeypatch.delenv(PLAN_ENV)
+    done = run_plan(read_plan(plan), workers=2, log=lambda line: None)
+    assert sorted(d["runs"] for d in done) == [1, 1], done
+    planned = run_grid(BASE, variants, [0], results_dir=tmp_path / "planned", only_cached=True, progress=False)
+    direct = run_grid(BASE, variants, [0], results_dir=tmp_path / "direct", progress=False)
+    assert planned["accuracy"].tolist() == direct["accuracy"].tolist()
+
+
+def test_a_job_past_the_deadline_is_skipped_and_a_broken_job_is_reported(tmp_path):
+    plan = tmp_path / "plan.jsonl"
+    broken = dict(BASE.to_dict(), strategy="no_such_strategy")
+    plan.write_text(json.dumps({"config": broken, "results_dir": str(tmp_path / "r")}) + "\n")
+    (failed,) = run_plan(read_plan(plan), log=lambda line: None)
+    assert "no_such_strategy" in failed["error"]
+    (skipped,) = run_plan(read_plan(plan), deadline_s=-1, log=lambda line: None)
+    assert skipped["skipped"] and skipped["runs"] == 0
+
+
+def test_a_malformed_plan_line_names_the_file_and_line(tmp_path):
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text('{"config": {}, "results_dir": "r"}\n{"not": "a job"}\n')
+    with pytest.raises(ValueError, match=r"plan.jsonl:2"):
+        read_plan(plan)
+
+
+def test_cli_run_plan_exits_nonzero_when_a_job_fails(tmp_path, capsys):
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text(json.dumps({"config": dict(BASE.to_dict(), local="no_such_method"),
+                                "results_dir": str(tmp_path / "r")}) + "\n")
+    assert main(["run-plan", str(plan)]) == 1
+    assert "1 failed" in capsys.readouterr().out
