@@ -34,6 +34,26 @@ def paper_table(name: str) -> pd.DataFrame:
     return pd.read_csv(path, comment="#")
 
 
+def beside_per_corruption(ours: pd.DataFrame, name: str, dataset: str | None = None) -> pd.DataFrame:
+    """Row means of a per-corruption table (``workbook.per_domain_table``) beside the means of the paper table
+    ``name`` (columns method, corruption, accuracy, optionally dataset): ours, the paper's, their difference, and
+    each method's gap to FedAvg in both (the ordering is what can transfer between source models)."""
+    paper = paper_table(name)
+    if dataset is not None and "dataset" in paper:
+        paper = paper[paper.dataset == dataset]
+    paper_mean = paper[paper.corruption == "mean"].set_index("method")["accuracy"].rename({"Source": "No-Adapt"})
+    ours_mean = ours["mean"].rename(index=lambda s: METHOD_LABELS.get(s, s)) if len(ours) else pd.Series(dtype=float)
+    out = pd.DataFrame({"ours": ours_mean, "paper": paper_mean})
+    out = out.reindex([*ours_mean.index, *paper_mean.index.difference(ours_mean.index)])
+    out["ours - paper"] = out["ours"] - out["paper"]
+    if "FedAvg" in out.index:
+        for col in ("ours", "paper"):
+            out[f"{col} - FedAvg"] = out[col] - out.loc["FedAvg", col]
+    if "seeds" in ours:
+        out["seeds"] = ours["seeds"].rename(index=lambda s: METHOD_LABELS.get(s, s))
+    return out
+
+
 def beside_fedtsa_table1(grid: pd.DataFrame, dataset: str, tta: str, methods: Sequence[str]) -> pd.DataFrame:
     """Rows = methods (plus No-Adapt), columns = ours (mean ± std over seeds) and paper, for NIID and IID.
 
@@ -99,9 +119,12 @@ UNREAD_BY_FEDTSA_SCENARIOS = UNREAD_OUTSIDE_HETEROGENEITY
 
 
 def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: Sequence[int]) -> bool:
+    from .experiment import identity_of  # fields added later are compared only where they differ from the default
+
     ignore = {"strategy", "seed", *UNREAD_BY_FEDTSA_SCENARIOS}
+    ours, wanted = identity_of(config), identity_of(base)
     return (config.get("strategy") in strategies and config.get("seed") in seeds and not config.get("strategy_params")
-            and all(config.get(k) == v for k, v in base.items() if k not in ignore))
+            and all(ours.get(k) == wanted.get(k) for k in (set(ours) | set(wanted)) - ignore))
 
 
 def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds: Sequence[int],

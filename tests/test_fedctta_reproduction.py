@@ -88,10 +88,12 @@ def test_beside_fedctta_table1_joins_both_papers():
     assert beside_fedctta_table1(fake_grid().iloc[:0], "cifar10", "bn", ["fedavg"]).empty
 
 
-def write_summary(folder, cfg: ExperimentConfig, accuracy: float) -> None:
+def write_summary(folder, cfg: ExperimentConfig, accuracy: float):
     summary = {"accuracy": accuracy, "accuracy_local": accuracy - 1, "accuracy_source": accuracy - 2,
                "config": cfg.to_dict()}
-    (folder / f"{config_key(cfg)}.json").write_text(json.dumps(summary))
+    path = folder / f"{config_key(cfg)}.json"
+    path.write_text(json.dumps(summary))
+    return path
 
 
 def test_stored_table1_runs_match_configs_not_file_names(tmp_path):
@@ -289,3 +291,28 @@ def test_reading_states_the_computed_numbers():
                    {"Local": 74.0, "FedAvg": 73.5}, interval, temperature, batch, cost, pd.DataFrame(), rounds)
     assert "75.00% against 60.00% for FedAvg (+15.00 points)" in text and "stays constant" in text
     assert "best at 10 (78.00%" in text and "500x FedCTTA" in text and "still open" in text
+
+
+def test_beside_per_corruption_puts_row_means_beside_the_papers_and_gaps_to_fedavg():
+    from ftta_core.paper import beside_per_corruption
+
+    ours = pd.DataFrame({"fog": [60.0, 50.0], "mean": [70.0, 66.0], "seeds": [2, 1]}, index=["fedavg", "fedctta"])
+    side = beside_per_corruption(ours, "fedctta_table2", dataset="cifar10")
+    paper = paper_table("fedctta_table2")
+    paper_avg = paper.query("dataset == 'cifar10' and method == 'FedAvg' and corruption == 'mean'").accuracy.item()
+    assert side.loc["FedAvg", "paper"] == paper_avg
+    assert side.loc["FedCTTA", "ours - FedAvg"] == -4.0
+    assert side.loc["FedAvg", "ours - paper"] == pytest.approx(70.0 - paper_avg)
+    assert "No-Adapt" in side.index and np.isnan(side.loc["No-Adapt", "ours"])  # the paper's Source row, renamed
+    assert side.loc["FedCTTA", "seeds"] == 1
+
+
+def test_stored_table1_runs_count_summaries_written_before_a_config_field_existed(tmp_path):
+    base = table1_config("cifar10", "iid", "bn")
+    path = write_summary(tmp_path, dataclasses.replace(base, strategy="local", seed=0), 69.0)
+    summary = json.loads(path.read_text())
+    del summary["config"]["participation"]  # stored before partial participation was added (default 1.0)
+    path.write_text(json.dumps(summary))
+    write_summary(tmp_path, dataclasses.replace(base, strategy="local", seed=1, participation=0.5), 60.0)  # not Table I
+    grid = stored_table1_runs(tmp_path, ["local"], [0, 1])
+    assert grid[["setting", "seed", "accuracy"]].values.tolist() == [["iid", 0, 69.0]]

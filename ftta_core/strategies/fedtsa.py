@@ -33,7 +33,8 @@ def variant_name(name: str) -> str:
 
 
 class IndicatorMemory:
-    """The server's memory bank P, bounded: a ring buffer of the last ``window`` indicator uploads [T, N, D]."""
+    """The server's memory bank P, bounded: a ring buffer of the last ``window`` indicator uploads [T, N, D], kept
+    on the device of the first upload (so on a GPU the TS-Block trains there too)."""
 
     def __init__(self, window: int) -> None:
         if window < 1:
@@ -52,12 +53,14 @@ class IndicatorMemory:
 
     def push(self, step: int, indicators: torch.Tensor, valid: Optional[torch.Tensor] = None) -> None:
         """Store this step's indicators [N, D]; a rejected or non-finite row repeats its previous row (or 0)."""
-        x = indicators.detach().float().cpu()
+        x = indicators.detach().float()
+        if self.buffer is not None:
+            x = x.to(self.buffer.device)
         ok = torch.isfinite(x).all(1)
         if valid is not None:
-            ok &= valid.cpu().bool()
+            ok &= valid.to(x.device).bool()
         if self.buffer is None:
-            self.buffer = torch.zeros((self.window, *x.shape))
+            self.buffer = torch.zeros((self.window, *x.shape), device=x.device)
         elif self.buffer.shape[1:] != x.shape:
             raise ValueError(f"indicators have shape {tuple(x.shape)}, memory holds {tuple(self.buffer.shape[1:])}; "
                              "call reset() before changing the number of clients or features")
@@ -82,7 +85,7 @@ class IndicatorMemory:
         """The stored steps, oldest first: X [min(count, T), N, D] (a copy)."""
         if self.buffer is None:
             raise ValueError("the memory is empty")
-        return self.buffer[self._order()].clone()
+        return self.buffer[self._order().to(self.buffer.device)].clone()
 
     def ordered_steps(self) -> np.ndarray:
         """Step ids of ``ordered()``, oldest first."""
@@ -119,6 +122,14 @@ class FedTSADiagnostics:
     loss_robustness: np.ndarray  # MSE(X_TSA, X_TSA') per iteration (zeros without augmentation)
     selected_iteration: int  # iteration whose attention gave W (-1: after the last update / untrained)
     seconds: float  # wall time of this server round
+
+
+def _on_cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.cpu()
+
+
+def _on_device(t: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    return None if t is None else t.to(device)
 
 
 def detached_attention(out: TSBlockOutput) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -203,9 +214,10 @@ class FedTSA(Strategy):
         x = self.memory.ordered()  # X [T', N, D], oldest first
         current = x[-1]
         if self.variant == "S-sim":
-            weights = row_softmax(cosine_from_gram(gram_matrix([current]))).float()
+            weights = row_softmax(cosine_from_gram(gram_matrix([current]))).float().cpu()
             self.last_diagnostics = FedTSADiagnostics(
-                inputs.step, self.memory.ordered_steps(), weights, None, None, similarity_mask(current), None, None,
+                inputs.step, self.memory.ordered_steps(), weights, None, None, similarity_mask(current).cpu(), None,
+                None,
                 np.zeros(0), np.zeros(0), np.zeros(0), -1, time.perf_counter() - start)
             return weights
         diag = self._train_block(x, torch_generator(self.seed, "fedtsa", inputs.step))
@@ -234,11 +246,12 @@ class FedTSA(Strategy):
                                                  self.temporal_drop)
         spatial_mask = sample_spatial_mask(out.spatial_attention[-1], current, generator, self.augmentation,
                                            self.edge_drop, self.edge_add)
-        return current, temporal_mask, spatial_mask
+        device = out.output.device  # the masks are drawn on the CPU generator (same draws on every device)
+        return current, _on_device(temporal_mask, device), spatial_mask.to(device)
 
     def _train_block(self, x: torch.Tensor, generator: torch.Generator) -> FedTSADiagnostics:
         """Train a TS-Block on X [T', N, D] and return W (the diagnostics carry it and the internals)."""
-        block = self._new_block(x.shape[-1])
+        block = self._new_block(x.shape[-1]).to(x.device)
         lam = self.lam if self.augment else 0.0
         steps = self.server_steps if self.trained else 0
         losses = np.zeros((3, steps))
@@ -249,27 +262,27 @@ class FedTSA(Strategy):
         for it in range(steps):
             out = block(x)
             loss_reg = F.mse_loss(out.output, x)
-            loss_rob = torch.zeros(())
+            loss_rob = torch.zeros((), device=x.device)
             if lam > 0:
                 masks = self._masks(out, indicator_mask, generator)
                 aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
                             projections=out.projections)
                 loss_rob = F.mse_loss(out.output, aug.output)
             loss = loss_reg + lam * loss_rob
-            losses[:, it] = (loss.item(), loss_reg.item(), loss_rob.item())
-            if self.select == "best" and loss.item() < selected[0]:
-                selected = (loss.item(), detached_attention(out), it)
+            losses[:, it] = torch.stack([loss, loss_reg, loss_rob]).tolist()  # one host sync per iteration
+            if self.select == "best" and losses[0, it] < selected[0]:
+                selected = (losses[0, it], detached_attention(out), it)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now
             with torch.no_grad():
                 selected = (float("nan"), detached_attention(block(x)), -1)
-        spatial, temporal = selected[1]
+        spatial, temporal = (_on_cpu(a) for a in selected[1])
         weights = spatial[-1].float()
         weights = weights / weights.sum(1, keepdim=True)  # exact row sums after float rounding
-        return FedTSADiagnostics(-1, np.zeros(0), weights, spatial, temporal, masks[0], masks[2], masks[1],
-                                 losses[0], losses[1], losses[2], selected[2], 0.0)
+        return FedTSADiagnostics(-1, np.zeros(0), weights, spatial, temporal, _on_cpu(masks[0]), _on_cpu(masks[2]),
+                                 _on_cpu(masks[1]), losses[0], losses[1], losses[2], selected[2], 0.0)
 
     # ------------------------------------------------------------------ memory
 
