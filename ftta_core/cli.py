@@ -311,6 +311,9 @@ def _add_case_study(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tta", choices=["bn", "grad"], default="bn", help="TTA-bn or TTA-grad (Tent, all params, SGD 1e-4)")
     p.add_argument("--strategies", nargs="+", default=["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--orders", choices=["fedtsa", "fedctta"], default="fedtsa",
+                   help="the groups' corruption orders: FedTSA Table 4 (clients 5-7 one corruption ahead) or "
+                        "FedCTTA Table III (four ahead)")
     p.add_argument("--dataset", default="cifar10")
     p.add_argument("--device", default="auto")
     p.add_argument("--max-steps", type=int, dest="max_steps", help="truncate the stream (smoke runs)")
@@ -323,7 +326,8 @@ def cmd_case_study(args: argparse.Namespace) -> int:
     from .paper import TTA_SETTINGS
     from .workbook import case_study_domains, case_study_table, markdown_table, run_stored
 
-    base = ExperimentConfig(dataset=args.dataset, scenario="case_study", clients=10, batch_size=10,
+    scenario = "case_study" if args.orders == "fedtsa" else "case_study_fedctta"
+    base = ExperimentConfig(dataset=args.dataset, scenario=scenario, clients=10, batch_size=10,
                             images_per_client=500, severity=5, device=args.device, max_steps=args.max_steps,
                             seed=args.seed, **TTA_SETTINGS[args.tta])
     runs = run_stored(base, args.strategies, args.out)

@@ -15,8 +15,8 @@ import torch
 from torch.profiler import record_function
 
 from .engine.loop import Engine, StepResult
-from .scenarios import (Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools, fedctta_scenario,
-                        fedtsa_scenario, heterogeneity_scenario)
+from .scenarios import (CASE_STUDY_LEADS, Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools,
+                        fedctta_scenario, fedtsa_scenario, heterogeneity_scenario)
 from .stream import CLEAN, CorruptedDomains, Stream
 
 DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
@@ -26,7 +26,8 @@ DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "digits/usps": {"model": "cnn2_digits"},
     "digits/mnist": {"model": "cnn2_digits"},
 }
-SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "case_study", "heterogeneity")
+SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "case_study", "case_study_fedctta",
+             "heterogeneity")
 ALL_CORRUPTIONS = "all"
 
 
@@ -100,7 +101,7 @@ class ExperimentConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 bad(name, f"must be a positive integer or None, got {v!r}")
-        if self.scenario == "case_study" and self.clients != 10:
+        if self.scenario in CASE_STUDY_LEADS and self.clients != 10:
             bad("clients", f"the case study has 10 clients in 3 groups (4, 3, 3), got {self.clients}")
         if not 0.0 < float(self.participation) <= 1.0:
             bad("participation", f"must be in (0, 1] (the probability a client reports at a step), got "
@@ -194,9 +195,10 @@ def strategy_params(cfg: ExperimentConfig) -> Dict[str, Any]:
 def build_scenario(cfg: ExperimentConfig) -> Scenario:
     """The scenario the config names."""
     names = cfg.corruption_list
-    if cfg.scenario == "case_study":
+    if cfg.scenario in CASE_STUDY_LEADS:
         return case_study_scenario(names, cfg.batch_size, cfg.images_per_client,
-                                   cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
+                                   cfg.slot_steps or cfg.images_per_client // cfg.batch_size,
+                                   lead=CASE_STUDY_LEADS[cfg.scenario])
     if cfg.scenario.startswith(("fedtsa", "fedctta")):
         build = fedtsa_scenario if cfg.scenario.startswith("fedtsa") else fedctta_scenario
         return build(names, niid=cfg.scenario.endswith("_niid"), n_clients=cfg.clients, batch_size=cfg.batch_size,

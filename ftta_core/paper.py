@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Sequence
+from typing import TYPE_CHECKING, Dict, Mapping, Sequence
 
 import pandas as pd
 
@@ -10,6 +10,7 @@ from .experiment import UNREAD_OUTSIDE_HETEROGENEITY
 
 if TYPE_CHECKING:
     from .experiment import ExperimentConfig
+    from .workbook import StoredRun
 
 PAPER_DIR = Path(__file__).resolve().parent.parent / "data" / "paper_numbers"
 
@@ -51,6 +52,33 @@ def beside_per_corruption(ours: pd.DataFrame, name: str, dataset: str | None = N
             out[f"{col} - FedAvg"] = out[col] - out.loc["FedAvg", col]
     if "seeds" in ours:
         out["seeds"] = ours["seeds"].rename(index=lambda s: METHOD_LABELS.get(s, s))
+    return out
+
+
+def beside_fedctta_table3(runs: Mapping[str, "StoredRun"]) -> pd.DataFrame:
+    """Our case study with FedCTTA's orders (``case-study --orders fedctta``) beside its Table III: accuracy (%) of
+    all ten clients per slot (rows: method and source, ours / paper) and the mean over the slots both have, with each
+    method's gain over No-Adapt (the paper's source model is weaker than ours, so gains compare better)."""
+    from .workbook import CASE_STUDY_ALL, case_study_table
+
+    paper = paper_table("fedctta_table3")
+    paper = paper[paper.slot.astype(str) != "mean"].assign(slot=lambda d: d.slot.astype(int) - 1)  # ours count from 0
+    ours = case_study_table(runs).xs(CASE_STUDY_ALL, level="group").drop(columns="mean")
+    ours.index = [METHOD_LABELS.get(s, s) for s in ours.index]
+    first = next(iter(runs.values()))
+    source = first.slots.assign(c=first.slots.accuracy_source * first.slots.n).groupby("slot")[["c", "n"]].sum()
+    ours.loc["No-Adapt"] = source.c / source.n
+    wide = paper.pivot(index="method", columns="slot", values="accuracy")
+    rows = []
+    for method in ["No-Adapt", *[m for m in ours.index if m != "No-Adapt"], *wide.index.difference(ours.index)]:
+        for who, table in (("ours", ours), ("paper", wide)):
+            if method in table.index:
+                rows.append({"method": method, "who": who, **table.loc[method].dropna().to_dict()})
+    out = pd.DataFrame(rows).set_index(["method", "who"])
+    shared = [c for c in out.columns if out[c].notna().all()]
+    out["mean (slots run)"] = out[shared].mean(axis=1)
+    base = out.xs("No-Adapt", level="method")["mean (slots run)"]
+    out["gain over No-Adapt"] = [out.loc[(m, w), "mean (slots run)"] - base.get(w, float("nan")) for m, w in out.index]
     return out
 
 

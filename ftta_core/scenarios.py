@@ -139,13 +139,17 @@ def fedctta_scenario(domain_names: Sequence[str], niid: bool = True, n_clients: 
     return Scenario(dm, slot_steps, batch_size, tuple(domain_names), "fedctta_niid")
 
 
+CASE_STUDY_LEADS = {"case_study": 1, "case_study_fedctta": 4}  # how many domains group 2 walks ahead of group 1
+
+
 def case_study_scenario(domain_names: Sequence[str], batch_size: int = 10, images_per_domain: int = 500,
-                        slot_steps: int = 50) -> Scenario:
+                        slot_steps: int = 50, lead: int = 1) -> Scenario:
     """The 10-client, 3-group case study of FedTSA (Table 4, Figs 5-6) and FedCTTA (Table III, Figs 3-4).
 
-    Clients 1-4 see the domains in order (0, 1, ..., K-1), clients 5-7 the same walk one domain ahead
-    (1, ..., K-1, 0), clients 8-10 the reverse order (K-1, ..., 0): group 2 visits a domain one slot before group 1,
-    and group 3 meets group 1 on the middle domain (slot 7 of 15, Snow for CIFAR-10-C's order).
+    Clients 1-4 see the domains in order (0, 1, ..., K-1), clients 5-7 the same walk ``lead`` domains ahead
+    (``lead``, ..., K-1, 0, ...), clients 8-10 the reverse order (K-1, ..., 0): group 3 meets group 1 on the middle
+    domain (slot 7 of 15, Snow for CIFAR-10-C's order). FedTSA's Table 4 has ``lead=1`` (group 2 starts on Shot
+    noise); FedCTTA's Table III ``lead=4`` (group 2 starts on Glass blur).
     """
     k = len(domain_names)
     steps_per_domain = images_per_domain // batch_size
@@ -153,7 +157,7 @@ def case_study_scenario(domain_names: Sequence[str], batch_size: int = 10, image
     if n_slots * slot_steps != steps_per_domain * k:
         raise ValueError(f"slot_steps={slot_steps} must divide the stream length {steps_per_domain * k}")
     slots = np.arange(n_slots)
-    orders = [slots % k] * 4 + [(slots + 1) % k] * 3 + [(k - 1 - slots) % k] * 3
+    orders = [slots % k] * 4 + [(slots + lead) % k] * 3 + [(k - 1 - slots) % k] * 3
     return explicit_scenario(orders, domain_names, slot_steps, batch_size, "case_study")
 
 

@@ -184,9 +184,18 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
             (folder / "summary.json").write_text(json.dumps(res.summary, indent=1, default=float) + "\n")
             np.savez_compressed(folder / "collaboration.npz", W=res.collaboration.astype(np.float32))
             slot_table(res.steps).to_csv(folder / "slots.csv", index=False, float_format="%.4f")
+    return read_stored(out_dir, strategies)
+
+
+def read_stored(out_dir: Path, strategies: Sequence[str]) -> Dict[str, StoredRun]:
+    """The runs ``run_stored`` kept under ``out_dir/<strategy>/`` for those of ``strategies`` that are there (no
+    config check, nothing runs)."""
+    import numpy as np
+
+    out_dir = Path(out_dir)
     return {s: StoredRun(json.loads((out_dir / s / "summary.json").read_text()),
                          np.load(out_dir / s / "collaboration.npz")["W"], pd.read_csv(out_dir / s / "slots.csv"))
-            for s in strategies}
+            for s in strategies if (out_dir / s / "summary.json").exists()}
 
 
 CASE_STUDY_GROUPS = {"clients 1-4": range(0, 4), "clients 5-7": range(4, 7), "clients 8-10": range(7, 10)}

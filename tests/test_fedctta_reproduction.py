@@ -316,3 +316,18 @@ def test_stored_table1_runs_count_summaries_written_before_a_config_field_existe
     write_summary(tmp_path, dataclasses.replace(base, strategy="local", seed=1, participation=0.5), 60.0)  # not Table I
     grid = stored_table1_runs(tmp_path, ["local"], [0, 1])
     assert grid[["setting", "seed", "accuracy"]].values.tolist() == [["iid", 0, 69.0]]
+
+
+def test_beside_fedctta_table3_lines_up_slots_and_gains_over_no_adapt():
+    from ftta_core.paper import beside_fedctta_table3
+    from ftta_core.workbook import StoredRun
+
+    slots = pd.DataFrame([{"slot": s, "client": c, "domain": "d", "n": 10, "accuracy_source": 50.0,
+                           "accuracy_local": 60.0, "accuracy_mixed": 60.0 + s} for s in range(2) for c in range(10)])
+    side = beside_fedctta_table3({"fedctta": StoredRun({}, np.zeros((1, 10, 10)), slots)})
+    paper = paper_table("fedctta_table3")
+    paper_first = paper.query("method == 'FedCTTA' and slot == '1'").accuracy.item()
+    assert side.loc[("FedCTTA", "ours"), 0] == 60.0 and side.loc[("FedCTTA", "paper"), 0] == paper_first
+    assert side.loc[("FedCTTA", "ours"), "mean (slots run)"] == 60.5  # slots 0-1 only: the ones we ran
+    assert side.loc[("FedCTTA", "ours"), "gain over No-Adapt"] == 10.5
+    assert side.loc[("No-Adapt", "ours"), "gain over No-Adapt"] == 0.0

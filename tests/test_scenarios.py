@@ -103,6 +103,20 @@ def test_case_study_groups_follow_the_papers_orders():
     assert slots[0, 7] == slots[9, 7] == 7  # group 3 meets group 1 on the middle domain
 
 
+def test_fedctta_case_study_starts_group_2_four_corruptions_ahead():
+    from ftta_core.corruptions import CORRUPTIONS
+    from ftta_core.experiment import ExperimentConfig, build_scenario
+
+    cfg = ExperimentConfig(dataset="cifar10", scenario="case_study_fedctta", clients=10, batch_size=10,
+                           images_per_client=500)
+    sc = build_scenario(cfg)
+    names = [CORRUPTIONS[d] for d in sc.domain_map[4]]
+    assert names[:3] == ["glass_blur", "motion_blur", "zoom_blur"] and names[-1] == "defocus_blur"  # Table III row 2
+    assert [CORRUPTIONS[d] for d in sc.domain_map[9, :2]] == ["jpeg_compression", "pixelate"]
+    with pytest.raises(ValueError, match="'clients'"):
+        ExperimentConfig(scenario="case_study_fedctta", clients=8)
+
+
 def test_case_study_config_needs_ten_clients():
     from ftta_core.experiment import ExperimentConfig
 

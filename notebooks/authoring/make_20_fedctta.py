@@ -30,6 +30,7 @@ images_per_client = 60
 slot_steps = 6
 results_dir = "../figures/fedtsa_table1/runs"
 cifar_seeds = [0, 1, 2, 3, 4]
+case_study_dir = "../figures/case_study/cifar10_bn_fedctta"  # python -m ftta_core case-study --orders fedctta
 server_cost_json = "../benchmarks/results/server_cost_cpu.json"
 """),
     ("code", """
@@ -50,13 +51,13 @@ from ftta_core.fedctta_study import (Variant, batch_size_variants, clean_probe_i
                                      split_table4, table4_variants, temperature_variants)
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import (METHOD_LABELS, TTA_SETTINGS, beside_fedctta_table1, beside_fedctta_table4,
-                             beside_per_corruption, missing_table1_runs, paper_table, stored_table1_runs,
+                             beside_fedctta_table3, beside_per_corruption, missing_table1_runs, paper_table, stored_table1_runs,
                              table1_config)
 from ftta_core.server_cost import scaling_table
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
-from ftta_core.workbook import group_weight_shares, per_domain_table, stored_summaries
+from ftta_core.workbook import group_weight_shares, per_domain_table, read_stored, stored_summaries
 
 torch.set_num_threads(1)
 smoke = smoke_mode(smoke)
@@ -165,6 +166,21 @@ if table2.empty:
 else:
     display(table2.rename(index=lambda s: METHOD_LABELS.get(s, s)).round(2))
 display(beside_per_corruption(table2, "fedctta_table2", dataset="cifar10").round(2))
+"""),
+    ("md", """
+## Table III: the 10-client case study with the paper's orders (TTA-bn)
+Clients 1-4 walk the corruptions in order, clients 5-7 the same walk four corruptions ahead (from Glass blur),
+clients 8-10 in reverse; 500 images per client and corruption, batch 10. This cell reads the runs stored by
+`python -m ftta_core case-study --orders fedctta --strategies local fedavg pfedgraph fedctta --out
+figures/case_study/cifar10_bn_fedctta` (FedTSA is left out on the CPU: its server costs about 1 s a round). Rows:
+accuracy of all ten clients per slot, ours and the paper's; the mean is over the slots both have.
+"""),
+    ("code", """
+case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"])
+if case_runs:
+    display(beside_fedctta_table3(case_runs).round(2))
+else:
+    print(f"no stored case study under {case_study_dir}: run the command above")
 """),
     ("md", """
 ## Server cost: FedCTTA vs FedTSA (FedAvg as the floor)
