@@ -219,7 +219,8 @@ def _points(a: float, b: float) -> str:
 
 def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[str, float], table4: pd.DataFrame,
             grad_refs: Mapping[str, float], interval: pd.DataFrame, temperature: pd.DataFrame, batch: pd.DataFrame,
-            cost: pd.DataFrame, table1: pd.DataFrame, rounds: Optional[pd.DataFrame] = None) -> str:
+            cost: pd.DataFrame, table1: pd.DataFrame, rounds: Optional[pd.DataFrame] = None,
+            table3: Optional[pd.DataFrame] = None) -> str:
     """The notebook's interpretation, written from the numbers it computed (every comparison is computed here).
 
     ``walk``: accuracy per strategy label (Local, FedAvg, FedCTTA) on the digits stream; ``shares``:
@@ -227,7 +228,8 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
     ``table4``: ``paper.beside_fedctta_table4``; ``grad_refs``: Local and FedAvg under TTA-grad; ``interval`` /
     ``temperature``: rows with columns interval / temperature and accuracy; ``batch``: columns strategy, batch,
     accuracy; ``cost``: ``server_cost.scaling_table``; ``table1``: ``paper.stored_table1_runs``; ``rounds``: the
-    benchmark's memory-over-rounds rows (strategy, round, retained_bytes).
+    benchmark's memory-over-rounds rows (strategy, round, retained_bytes); ``table3``:
+    ``paper.beside_fedctta_table3`` of the stored case study.
     """
     out = []
     ctta, avg, loc = walk["FedCTTA"], walk["FedAvg"], walk["Local"]
@@ -315,6 +317,17 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
         out.append("**CIFAR-10-C.** The stored runs do not yet hold FedCTTA, FedTSA and FedAvg for one column, so "
                    "whether FedCTTA beats them on our setup, as the paper claims, is still open (see the "
                    "missing-runs table).")
+    if table3 is not None and ("FedCTTA", "ours") in table3.index:
+        gain = table3["gain over No-Adapt"]
+        ours = gain.xs("ours", level="who").drop("No-Adapt")
+        best = ours.idxmax()
+        text = (f"**Table III (the paper's orders).** Over No-Adapt, FedCTTA gains {gain[('FedCTTA', 'ours')]:.2f} "
+                f"points here and {gain[('FedCTTA', 'paper')]:.2f} in the paper; the best of ours is {best} "
+                f"({ours[best]:.2f})")
+        if ("pFedGraph", "paper") in gain.index and ("pFedGraph", "ours") in gain.index:
+            text += (f", and pFedGraph gains {gain[('pFedGraph', 'ours')]:.2f} here against "
+                     f"{gain[('pFedGraph', 'paper')]:.2f} in the paper")
+        out.append(text + ".")
     return "\n\n".join(out)
 
 

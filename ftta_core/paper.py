@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Dict, Mapping, Sequence
 
 import pandas as pd
 
-from .experiment import UNREAD_OUTSIDE_HETEROGENEITY
+from .experiment import UNREAD_OUTSIDE_HETEROGENEITY, identity_of
 
 if TYPE_CHECKING:
     from .experiment import ExperimentConfig
@@ -147,10 +147,8 @@ UNREAD_BY_FEDTSA_SCENARIOS = UNREAD_OUTSIDE_HETEROGENEITY
 
 
 def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: Sequence[int]) -> bool:
-    from .experiment import identity_of  # fields added later are compared only where they differ from the default
-
     ignore = {"strategy", "seed", *UNREAD_BY_FEDTSA_SCENARIOS}
-    ours, wanted = identity_of(config), identity_of(base)
+    ours, wanted = identity_of(config), identity_of(base)  # fields added later count only away from their default
     return (config.get("strategy") in strategies and config.get("seed") in seeds and not config.get("strategy_params")
             and all(ours.get(k) == wanted.get(k) for k in (set(ours) | set(wanted)) - ignore))
 

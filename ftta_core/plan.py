@@ -97,28 +97,22 @@ def store_summary(path: Path, summary: Dict[str, Any]) -> None:
 
 
 def run_job(job: PlannedJob) -> Dict[str, Any]:
-    """Run one planned job unless its summaries are already stored; returns what it did and how long it took."""
+    """Run one planned job through the grid that planned it (``run_strategy_grid`` for a shared pass, else
+    ``run_grid``), so it is stored exactly as that grid stores runs; returns what it ran and how long it took."""
     import dataclasses
 
-    from .experiment import ExperimentConfig, run_experiment, run_strategies
-    from .workbook import config_key
+    from .experiment import ExperimentConfig
+    from .workbook import config_key, run_grid, run_strategy_grid
 
     cfg = ExperimentConfig.from_dict(job.config)
     results = results_path(job)
+    configs = [dataclasses.replace(cfg, strategy=s, strategy_params={}) for s in job.strategies] or [cfg]
+    ran = sum(not (results / f"{config_key(c)}.json").exists() for c in configs)
     t0 = time.perf_counter()
     if job.strategies:
-        cfgs = {s: dataclasses.replace(cfg, strategy=s, strategy_params={}) for s in job.strategies}
-        missing = [s for s in job.strategies if not (results / f"{config_key(cfgs[s])}.json").exists()]
-        if missing:
-            for s, res in run_strategies(cfgs[missing[0]], missing).items():
-                store_summary(results / f"{config_key(cfgs[s])}.json", res.summary)
-        ran = len(missing)
+        run_strategy_grid(cfg, list(job.strategies), [cfg.seed], results_dir=results, progress=False)
     else:
-        path = results / f"{config_key(cfg)}.json"
-        ran = 0
-        if not path.exists():
-            store_summary(path, run_experiment(cfg).summary)
-            ran = 1
+        run_grid(cfg, {cfg.strategy: {}}, [cfg.seed], results_dir=results, progress=False)
     return {"job": job.describe(), "runs": ran, "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -141,9 +135,10 @@ def _run_before(job: PlannedJob, deadline: Optional[float]) -> Dict[str, Any]:
 def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[float] = None,
              threads: Optional[int] = None, log=print) -> List[Dict[str, Any]]:
     """Run ``jobs`` (in order of priority) ``workers`` at a time; a job not started within ``deadline_s`` seconds is
-    skipped, so a time-limited session stops cleanly with every finished run stored."""
+    skipped, so a time-limited session stops cleanly with every finished run stored. Unsets ``$FTTA_PLAN``."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    os.environ.pop(PLAN_ENV, None)  # running a plan runs its jobs (workers inherit this), it never plans again
     deadline = None if deadline_s is None else time.time() + deadline_s
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     done: List[Dict[str, Any]] = []

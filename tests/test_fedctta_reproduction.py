@@ -291,6 +291,16 @@ def test_reading_states_the_computed_numbers():
                    {"Local": 74.0, "FedAvg": 73.5}, interval, temperature, batch, cost, pd.DataFrame(), rounds)
     assert "75.00% against 60.00% for FedAvg (+15.00 points)" in text and "stays constant" in text
     assert "best at 10 (78.00%" in text and "500x FedCTTA" in text and "still open" in text
+    assert "Table III" not in text
+    table3 = pd.DataFrame({"gain over No-Adapt": [0.0, 0.0, 7.0, 7.5, 8.0, 4.0]},
+                          index=pd.MultiIndex.from_tuples([("No-Adapt", "ours"), ("No-Adapt", "paper"),
+                                                           ("FedCTTA", "ours"), ("FedCTTA", "paper"),
+                                                           ("pFedGraph", "ours"), ("pFedGraph", "paper")],
+                                                          names=["method", "who"]))
+    text = reading({"Local": 74.0, "FedAvg": 60.0, "FedCTTA": 75.0}, shares, {"within": 2.0, "across": 5.0}, t4,
+                   {"Local": 74.0, "FedAvg": 73.5}, interval, temperature, batch, cost, pd.DataFrame(), rounds, table3)
+    assert "FedCTTA gains 7.00 points here and 7.50 in the paper; the best of ours is pFedGraph (8.00)" in text
+    assert "pFedGraph gains 8.00 here against 4.00 in the paper" in text
 
 
 def test_beside_per_corruption_puts_row_means_beside_the_papers_and_gaps_to_fedavg():

@@ -1,6 +1,7 @@
 """Planned runs: a grid with FTTA_PLAN set runs nothing and records its missing runs; run-plan runs them in worker
 processes and stores exactly the summaries the grid then reads back (same numbers as running the grid directly)."""
 import json
+import os
 
 import pytest
 
@@ -31,9 +32,9 @@ def test_run_plan_in_workers_stores_what_the_grid_reads_back(tmp_path, monkeypat
     variants = {"local": {"strategy": "local"}, "fedavg": {"strategy": "fedavg"}}
     monkeypatch.setenv(PLAN_ENV, str(plan))
     run_grid(BASE, variants, [0], results_dir=tmp_path / "planned")
-    monkeypatch.delenv(PLAN_ENV)
-    done = run_plan(read_plan(plan), workers=2, log=lambda line: None)
+    done = run_plan(read_plan(plan), workers=2, log=lambda line: None)  # FTTA_PLAN still set: runs, never re-plans
     assert sorted(d["runs"] for d in done) == [1, 1], done
+    assert PLAN_ENV not in os.environ
     planned = run_grid(BASE, variants, [0], results_dir=tmp_path / "planned", only_cached=True, progress=False)
     direct = run_grid(BASE, variants, [0], results_dir=tmp_path / "direct", progress=False)
     assert planned["accuracy"].tolist() == direct["accuracy"].tolist()

@@ -265,7 +265,8 @@ change.
 """),
     ("code", """
 display(Markdown(reading(walk, shares, contrast, t4, grad_refs, interval_grid, temperature_grid, batch_grid, cost,
-                         table1, pd.DataFrame(cost_result["over_rounds"]))))
+                         table1, pd.DataFrame(cost_result["over_rounds"]),
+                         beside_fedctta_table3(case_runs) if case_runs else None)))
 """),
 ]
 
