@@ -89,6 +89,31 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
     return pd.DataFrame(rows, columns=["variant", "seed", *SUMMARY_KEYS]) if not rows else pd.DataFrame(rows)
 
 
+def strategy_comparison(cfg: ExperimentConfig, strategies: Sequence[str], seeds: Sequence[int],
+                        results_dir: Optional[Path] = None, only_cached: bool = False) -> pd.DataFrame:
+    """One row per (strategy, seed) of ``cfg``: strategies share one pass per seed where the local method is
+    stateless (TTA-bn, source; ``run_strategy_grid``), else one run each (``run_grid``). Same cache either way."""
+    if cfg.local in ("bn", "source"):
+        return run_strategy_grid(cfg, strategies, seeds, results_dir=results_dir, only_cached=only_cached,
+                                 progress=False)
+    return run_grid(cfg, {s: {"strategy": s, "strategy_params": {}} for s in strategies}, seeds,
+                    results_dir=results_dir, only_cached=only_cached, progress=False)
+
+
+def heterogeneity_sweep(base: ExperimentConfig, field: str, values: Sequence[float], fixed: Mapping[str, float],
+                        strategies: Sequence[str], seeds: Sequence[int], results_dir: Optional[Path] = None,
+                        only_cached: bool = False) -> pd.DataFrame:
+    """Accuracy of ``strategies`` on the ``heterogeneity`` scenario as one of SH / TH (``field``: "sh" or "th")
+    takes ``values`` and the other stays at ``fixed`` (FedTSA Fig 4, FedCTTA Fig 2); a column ``field`` is added."""
+    if field not in ("sh", "th"):
+        raise ValueError(f"heterogeneity_sweep: field must be 'sh' or 'th', got {field!r}")
+    rows = []
+    for v in values:
+        cfg = dataclasses.replace(base, scenario="heterogeneity", **{field: v, **fixed})
+        rows.append(strategy_comparison(cfg, strategies, seeds, results_dir, only_cached).assign(**{field: v}))
+    return pd.concat(rows, ignore_index=True)
+
+
 def mean_std(table: pd.DataFrame, by: Sequence[str] | str = "variant", value: str = "accuracy") -> pd.DataFrame:
     """Mean and standard deviation (over seeds) of ``value`` per group."""
     g = table.groupby(by, sort=False)[value]

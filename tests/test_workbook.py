@@ -1,9 +1,13 @@
 """Workbook helpers that turn stored runs into the papers' table shapes."""
+import dataclasses
+
 import numpy as np
 import pandas as pd
+import pytest
 
-from ftta_core.workbook import (CASE_STUDY_GROUPS, StoredRun, case_study_table, group_weight_shares, markdown_table,
-                              over_seeds)
+from ftta_core.experiment import ExperimentConfig
+from ftta_core.workbook import (CASE_STUDY_GROUPS, case_study_table, group_weight_shares, heterogeneity_sweep,
+                                markdown_table, over_seeds, run_grid, StoredRun, strategy_comparison)
 
 
 def test_group_weight_shares_split_each_row_of_w():
@@ -77,3 +81,37 @@ def test_over_seeds_with_one_grouping_column_keeps_a_column_of_cells():
     table = pd.DataFrame({"k": [3, 3, 5, 5], "seed": [0, 1, 0, 1], "accuracy": [10.0, 20.0, 30.0, 30.0]})
     cells, _ = over_seeds(table, ["k"])
     assert cells["accuracy"].tolist() == ["15.00 ± 7.07", "30.00 ± 0.00"]
+
+
+SWEEP_BASE = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=5,
+                              images_per_client=10, corruptions=["fog", "contrast", "frost", "glass_blur"],
+                              local="bn", device="cpu", max_steps=3)
+
+
+def test_heterogeneity_sweep_gives_each_point_the_accuracies_of_separate_runs(tmp_path):
+    """The sweep (one shared TTA-bn pass per point) stores and returns exactly what separate runs give, per point."""
+    sweep = heterogeneity_sweep(SWEEP_BASE, "sh", [0.25, 0.5], {"th": 0.2}, ["local", "fedavg"], [0],
+                                results_dir=tmp_path)
+    assert sorted(zip(sweep["sh"], sweep["variant"])) == [(0.25, "fedavg"), (0.25, "local"), (0.5, "fedavg"),
+                                                          (0.5, "local")]
+    for sh in (0.25, 0.5):
+        cfg = dataclasses.replace(SWEEP_BASE, scenario="heterogeneity", sh=sh, th=0.2)
+        separate = run_grid(cfg, {s: {"strategy": s} for s in ("local", "fedavg")}, [0], progress=False)
+        got = sweep[sweep.sh == sh].set_index("variant")["accuracy"]
+        assert separate.set_index("variant")["accuracy"].to_dict() == got.to_dict()
+    again = heterogeneity_sweep(SWEEP_BASE, "sh", [0.25, 0.5], {"th": 0.2}, ["local", "fedavg"], [0],
+                                results_dir=tmp_path, only_cached=True)
+    assert again["accuracy"].tolist() == sweep["accuracy"].tolist()
+
+
+def test_heterogeneity_sweep_rejects_an_unknown_field():
+    with pytest.raises(ValueError, match="field must be 'sh' or 'th'"):
+        heterogeneity_sweep(SWEEP_BASE, "clusters", [1], {}, ["local"], [0])
+
+
+def test_strategy_comparison_runs_a_stateful_local_method_one_run_per_strategy(tmp_path):
+    cfg = dataclasses.replace(SWEEP_BASE, local="tent")
+    table = strategy_comparison(cfg, ["local", "fedavg"], [0], results_dir=tmp_path)
+    direct = run_grid(cfg, {s: {"strategy": s} for s in ("local", "fedavg")}, [0], progress=False)
+    assert table["accuracy"].tolist() == direct["accuracy"].tolist()
+    assert len(list(tmp_path.glob("*.json"))) == 2

@@ -48,7 +48,8 @@ from ftta_core import plots
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
-from ftta_core.workbook import mean_std, per_domain_table, run_grid, run_strategy_grid, stored_summaries
+from ftta_core.workbook import (heterogeneity_sweep, mean_std, per_domain_table, run_grid, stored_summaries,
+                               strategy_comparison)
 
 smoke = smoke_mode(smoke)
 if smoke:
@@ -70,11 +71,8 @@ def grid(cfg, variants):
 
 
 def strategy_grid(cfg, strategies):
-    \"\"\"Strategies of one config in one shared pass per seed (TTA-bn), same cache.\"\"\"
-    if tta != "bn":
-        return grid(cfg, {s: {"strategy": s} for s in strategies})
-    g = run_strategy_grid(cfg, strategies, seeds, results_dir=results_dir, only_cached=not compute, progress=False)
-    return g.rename(columns={"strategy": "variant"})
+    \"\"\"Strategies of one config (one shared pass per seed under TTA-bn), same cache.\"\"\"
+    return strategy_comparison(cfg, strategies, seeds, results_dir=results_dir, only_cached=not compute)
 """),
     ("md", """
 ## Fig 3: ablation of FedTSA's parts
@@ -102,11 +100,7 @@ else:
 """),
     ("code", """
 def sweep(field, values, fixed):
-    rows = []
-    for v in values:
-        cfg = dataclasses.replace(base, scenario="heterogeneity", **{field: v, **fixed})
-        rows.append(strategy_grid(cfg, COMPARED).assign(**{field: v}))
-    return pd.concat(rows, ignore_index=True)
+    return heterogeneity_sweep(base, field, values, fixed, COMPARED, seeds, results_dir, only_cached=not compute)
 
 fig4_sh = sweep("sh", sh_values, {"th": 0.02})
 fig4_th = sweep("th", th_values, {"sh": 0.2})

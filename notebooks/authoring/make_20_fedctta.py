@@ -32,9 +32,15 @@ results_dir = "../figures/fedtsa_table1/runs"
 cifar_seeds = [0, 1, 2, 3, 4]
 case_study_dir = "../figures/case_study/cifar10_bn_fedctta"  # python -m ftta_core case-study --orders fedctta
 server_cost_json = "../benchmarks/results/server_cost_cpu.json"
+sweep_dir = "../figures/fedtsa_ablations/runs"  # Fig 2's runs, shared with 11_fedtsa_ablations (its Fig 4)
+sweep_seeds = [0]
+sh_values = [0.05, 0.2, 0.5, 0.75]
+th_values = [0.01, 0.02, 0.05, 0.1]
+compute_sweeps = False  # True: run Fig 2's missing CIFAR-10-C runs here (or plan them: FTTA_PLAN, README)
 """),
     ("code", """
 import json
+import tempfile
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -57,7 +63,8 @@ from ftta_core.server_cost import scaling_table
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
-from ftta_core.workbook import group_weight_shares, per_domain_table, read_stored, stored_summaries
+from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, per_domain_table, read_stored,
+                               stored_summaries)
 
 torch.set_num_threads(1)
 smoke = smoke_mode(smoke)
@@ -181,6 +188,41 @@ if case_runs:
     display(beside_fedctta_table3(case_runs).round(2))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
+"""),
+    ("md", """
+## Fig. 2: robustness to spatial and temporal heterogeneity (CIFAR-10-C, TTA-bn)
+The paper varies SH with TH = 0.02 fixed, and TH with SH = 0.2 fixed (20 clients, its Fig. 2a/2b for CIFAR-10-C;
+the figure's values are not in the text, so only its claims can be set beside ours: every method loses accuracy as
+SH grows, FedAvg most, FedCTTA stays best; at high TH FedCTTA is close to FedTSA). Our runs use the `heterogeneity`
+scenario (SH = clusters / clients, TH = 1 / slot length; `ftta_core.scenarios.heterogeneity_scenario`), the
+protocol's other settings, and are stored in `sweep_dir`, shared with notebook 11's Fig. 4. This cell reads what is
+stored and lists what is missing: `-p compute_sweeps=True` runs it, `FTTA_PLAN` plans it for `run-plan`.
+"""),
+    ("code", """
+FIG2 = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
+if smoke:
+    sweep_dir, compute_sweeps, sh_values, th_values = tempfile.mkdtemp(), True, [0.5], [0.2]
+    FIG2, sweep_base = ["local", "fedavg", "fedctta"], cfg
+else:
+    sweep_base = table1_config("cifar10", "niid", "bn")
+fig2 = {field: heterogeneity_sweep(sweep_base, field, values, fixed, FIG2, sweep_seeds, sweep_dir,
+                                   only_cached=not compute_sweeps)
+        for field, values, fixed in (("sh", sh_values, {"th": 0.02}), ("th", th_values, {"sh": 0.2}))}
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+for ax, (field, table) in zip(axes, fig2.items()):
+    if table.empty:
+        ax.set_title(f"{field.upper()}: no stored runs")
+        continue
+    means = table.groupby(["variant", field]).accuracy.mean().unstack(0)
+    means.rename(columns=lambda s: METHOD_LABELS.get(s, s)).plot(ax=ax, marker="o")
+    ax.set(xlabel=field.upper(), ylabel="accuracy (%)", xscale="log" if field == "th" else "linear",
+           title="spatial heterogeneity (TH = 0.02)" if field == "sh" else "temporal heterogeneity (SH = 0.2)")
+    display(means.rename(columns=lambda s: METHOD_LABELS.get(s, s)).round(2))
+fig.tight_layout()
+missing = [(field, value, s) for field, values in (("sh", sh_values), ("th", th_values)) for value in values
+           for s in FIG2 if fig2[field].empty
+           or len(fig2[field].query(f"{field} == @value and variant == @s")) < len(sweep_seeds)]
+print(f"{len(missing)} (point, strategy) cells not stored for all of seeds {sweep_seeds}:", missing)
 """),
     ("md", """
 ## Server cost: FedCTTA vs FedTSA (FedAvg as the floor)
