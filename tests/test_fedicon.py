@@ -160,3 +160,28 @@ def test_cli_fedicon_writes_table(tmp_path):
     assert "FedAvg" in text and "T3A" in text and "mnistm" in text
     assert main(["fedicon", "--methods", "nope", "--rounds", "1", "--n-train", "8", "--n-test", "4",
                  "--out", str(tmp_path)]) == 2
+
+
+def test_office_covariate_clients_split_each_domain_once_and_corrupt_only_the_test_part():
+    """Table 5 shape: one client per Office-Caltech-10 domain; train and test parts disjoint and together the whole
+    domain; only the test part corrupted; the same split and corruptions from the same seed."""
+    from collections import Counter
+
+    from ftta_core.data import load_dataset
+    from ftta_core.data.root import data_root
+    from ftta_core.fedicon.data import OFFICE_CLIENT_DOMAINS, office_covariate_clients
+
+    if not (data_root() / "office_caltech10").exists():
+        pytest.skip("Office-Caltech-10 is absent from the shared data folder")
+    clients = office_covariate_clients(16, seed=0, test_fraction=0.1)
+    images = lambda x: Counter(tuple(v) for v in x.flatten(1).mul(255).round().int().tolist())
+    assert [c.name for c in clients] == list(OFFICE_CLIENT_DOMAINS)
+    for c in clients:
+        full = load_dataset(f"office_caltech10/{c.name}", "all", size=16)
+        assert len(c.y_test) == round(0.1 * len(full))
+        assert images(c.x_train) + images(c.x_test_clean) == images(full.tensors()[0])
+        assert not torch.equal(c.x_test, c.x_test_clean)
+    again = office_covariate_clients(16, seed=0, test_fraction=0.1)
+    assert all(torch.equal(a.x_test, b.x_test) and torch.equal(a.y_train, b.y_train) for a, b in zip(clients, again))
+    with pytest.raises(ValueError, match="test_fraction"):
+        office_covariate_clients(16, seed=0, test_fraction=1.0)

@@ -8,7 +8,7 @@ test-time head ensemble), ``study`` (methods, cached results, tables).
 """
 from .adaptation import TTAConfig, accuracy, contrastive_tta, eata_predict, predict, t3a_predict, tent_predict
 from .data import (ClientData, cifar_label_skew_clients, corrupt_mixed, digit_covariate_clients, digit_lodo_clients,
-                   office_lodo_clients)
+                   office_covariate_clients, office_lodo_clients)
 from .fedthe import FedTHEConfig, TwoHeadModel, fedthe_train, the_predict
 from .losses import ntxent_loss, supcon_loss
 from .models import encoder_names, head_names, make_model
@@ -19,7 +19,7 @@ from .training import (TrainConfig, aggregation_weights, average_states, federat
 __all__ = [
     "TTAConfig", "accuracy", "contrastive_tta", "eata_predict", "predict", "t3a_predict", "tent_predict",
     "ClientData", "cifar_label_skew_clients", "corrupt_mixed", "digit_covariate_clients", "digit_lodo_clients",
-    "office_lodo_clients", "FedTHEConfig", "TwoHeadModel", "fedthe_train", "the_predict", "ntxent_loss",
+    "office_covariate_clients", "office_lodo_clients", "FedTHEConfig", "TwoHeadModel", "fedthe_train", "the_predict", "ntxent_loss",
     "supcon_loss", "encoder_names", "head_names", "make_model",
     "METHODS", "TABLE1_METHODS", "Study", "ablation_name", "method_table", "run_methods",
     "TrainConfig", "aggregation_weights", "average_states", "federated_train", "fine_tune", "local_update",

@@ -78,11 +78,34 @@ def digit_covariate_clients(n_train: int, n_test: int, seed: int, clients_per_do
         tr_idx = np.array_split(_draw(len(train), n_train, seed, domain, "train"), clients_per_domain)
         te_idx = np.array_split(_draw(len(test), n_test, seed, domain, "test"), clients_per_domain)
         for k in range(clients_per_domain):
-            x_tr, y_tr = train.tensors(tr_idx[k])
-            x_te, y_te = test.tensors(te_idx[k])
             name = domain if clients_per_domain == 1 else f"{domain}#{k}"
-            clients.append(ClientData(name, x_tr, y_tr, corrupt_mixed(x_te, corruptions, severity, seed, name),
-                                      y_te, x_te))
+            clients.append(_covariate_client(name, train, tr_idx[k], test, te_idx[k], corruptions, severity, seed))
+    return clients
+
+
+def _covariate_client(name: str, train, tr_idx: np.ndarray, test, te_idx: np.ndarray, corruptions: Sequence[str],
+                      severity: int, seed: int) -> ClientData:
+    """One covariate-shift client: its training images, and its test images corrupted (the clean ones kept)."""
+    x_tr, y_tr = train.tensors(tr_idx)
+    x_te, y_te = test.tensors(te_idx)
+    return ClientData(name, x_tr, y_tr, corrupt_mixed(x_te, corruptions, severity, seed, name), y_te, x_te)
+
+
+def office_covariate_clients(size: int, seed: int, test_fraction: float = 0.2,
+                             corruptions: Sequence[str] = CORRUPTIONS, severity: int = 5) -> List[ClientData]:
+    """Covariate shift on Office-Caltech-10 at ``size`` px (the paper's Table 5 shape: 4 clients, one domain each).
+    Office-Caltech-10 has no train/test split: each domain is split once, from ``seed``, into a training part and a
+    ``test_fraction`` test part (disjoint); the test images are corrupted, one corruption per image."""
+    _check_positive(size=size)
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    clients = []
+    for domain in OFFICE_CLIENT_DOMAINS:
+        data = load_dataset(f"office_caltech10/{domain}", "all", size=size)
+        order = _draw(len(data), len(data), seed, "office-covariate", domain)
+        n_test = max(1, int(round(test_fraction * len(data))))
+        clients.append(_covariate_client(domain, data, order[n_test:], data, order[:n_test], corruptions, severity,
+                                         seed))
     return clients
 
 

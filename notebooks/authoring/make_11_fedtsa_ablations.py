@@ -47,7 +47,7 @@ import pandas as pd
 from ftta_core import plots
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
-from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
+from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption
 from ftta_core.workbook import (heterogeneity_sweep, mean_std, per_domain_table, run_grid, stored_summaries,
                                strategy_comparison)
 
@@ -152,21 +152,12 @@ ours3 = per_domain_table(stored_summaries(table3_cfg, {s: {"strategy": s} for s 
                                           results_dir))
 
 
-def beside(ours, name):
-    paper = paper_table(name).pivot(index="method", columns="corruption", values="accuracy")
-    if ours.empty:
-        return paper
-    ours = ours.rename(index=lambda s: METHOD_LABELS.get(s, s))
-    means = pd.DataFrame({"ours": ours["mean"], "paper": paper["mean"]})
-    means["ours - paper"] = means["ours"] - means["paper"]
-    return means
-
 
 for name, ours in (("fedtsa_table2", ours2), ("fedtsa_table3", ours3)):
     print(name, "- ours per corruption:" if not ours.empty else "- no stored runs with per-corruption numbers yet")
     if not ours.empty:
         display(ours.rename(index=lambda s: METHOD_LABELS.get(s, s)).round(2))
-    display(beside(ours, name).round(2))
+    display(beside_per_corruption(ours, name).round(2))
 """),
     ("md", """
 ## Reading it
