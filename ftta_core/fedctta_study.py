@@ -220,7 +220,7 @@ def _points(a: float, b: float) -> str:
 def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[str, float], table4: pd.DataFrame,
             grad_refs: Mapping[str, float], interval: pd.DataFrame, temperature: pd.DataFrame, batch: pd.DataFrame,
             cost: pd.DataFrame, table1: pd.DataFrame, rounds: Optional[pd.DataFrame] = None,
-            table3: Optional[pd.DataFrame] = None) -> str:
+            table3: Optional[pd.DataFrame] = None, fig2: Optional[Mapping[str, pd.DataFrame]] = None) -> str:
     """The notebook's interpretation, written from the numbers it computed (every comparison is computed here).
 
     ``walk``: accuracy per strategy label (Local, FedAvg, FedCTTA) on the digits stream; ``shares``:
@@ -229,7 +229,8 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
     ``temperature``: rows with columns interval / temperature and accuracy; ``batch``: columns strategy, batch,
     accuracy; ``cost``: ``server_cost.scaling_table``; ``table1``: ``paper.stored_table1_runs``; ``rounds``: the
     benchmark's memory-over-rounds rows (strategy, round, retained_bytes); ``table3``:
-    ``paper.beside_fedctta_table3`` of the stored case study.
+    ``paper.beside_fedctta_table3`` of the stored case study; ``fig2``: ``workbook.heterogeneity_sweep`` tables
+    keyed by the swept field ("sh", "th").
     """
     out = []
     ctta, avg, loc = walk["FedCTTA"], walk["FedAvg"], walk["Local"]
@@ -328,8 +329,36 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
             text += (f", and pFedGraph gains {gain[('pFedGraph', 'ours')]:.2f} here against "
                      f"{gain[('pFedGraph', 'paper')]:.2f} in the paper")
         out.append(text + ".")
+    if fig2 and any(len(t) for t in fig2.values()):
+        out.append(heterogeneity_reading(fig2))
     return "\n\n".join(out)
 
 
+def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
+    """Fig. 2's claims checked on the sweeps: each strategy's change from the lowest to the highest SH (TH), which
+    drops most, and at how many points FedCTTA is the best of the strategies stored there."""
+    from .paper import METHOD_LABELS
+
+    label = lambda s: METHOD_LABELS.get(s, s)  # noqa: E731
+    parts = []
+    for field, table in fig2.items():
+        if not len(table):
+            continue
+        means = table.groupby([field, "variant"])["accuracy"].mean().unstack()
+        lo, hi = means.index.min(), means.index.max()
+        change = (means.loc[hi] - means.loc[lo]).dropna().sort_values()
+        best = means.idxmax(axis=1)
+        text = (f"{field.upper()} from {lo:g} to {hi:g}: " +
+                ", ".join(f"{label(s)} {d:+.2f}" for s, d in change.items()) +
+                f" points (largest drop: {label(change.index[0])})")
+        if "fedctta" in means:
+            text += (f"; FedCTTA is the best of the {means.shape[1]} strategies stored at "
+                     f"{int((best == 'fedctta').sum())} of {len(means)} points (best elsewhere: " +
+                     ", ".join(f"{label(b)} at {v:g}" for v, b in best.items() if b != "fedctta") + ")")
+        parts.append(text)
+    return "**Fig. 2 (robustness, CIFAR-10-C).** " + "; ".join(parts) + "."
+
+
 __all__ = ["TABLE4_CELLS", "Variant", "FedCTTARound", "fedctta_round", "cluster_groups", "clean_probe_images", "run_live", "build_variant", "live_grid",
-           "table4_variants", "split_table4", "interval_variants", "batch_size_variants", "temperature_variants", "distance_contrast", "reading"]
+           "table4_variants", "split_table4", "interval_variants", "batch_size_variants", "temperature_variants", "distance_contrast", "reading",
+           "heterogeneity_reading"]

@@ -11,7 +11,8 @@ import torch
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
 from ftta_core.fedctta_study import (TABLE4_CELLS, Variant, batch_size_variants, build_variant, cluster_groups, distance_contrast,
-                                     fedctta_round, live_grid, reading, run_live, split_table4, table4_variants)
+                                     fedctta_round, heterogeneity_reading, live_grid, reading, run_live, split_table4,
+                                     table4_variants)
 from ftta_core.paper import (beside_fedctta_table1, beside_fedctta_table4, missing_table1_runs, paper_table,
                              stored_table1_runs, table1_config)
 from ftta_core.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
@@ -301,6 +302,15 @@ def test_reading_states_the_computed_numbers():
                    {"Local": 74.0, "FedAvg": 73.5}, interval, temperature, batch, cost, pd.DataFrame(), rounds, table3)
     assert "FedCTTA gains 7.00 points here and 7.50 in the paper; the best of ours is pFedGraph (8.00)" in text
     assert "pFedGraph gains 8.00 here against 4.00 in the paper" in text
+
+
+def test_heterogeneity_reading_states_drops_and_where_fedctta_is_best():
+    sh = pd.DataFrame({"variant": ["fedavg", "fedctta"] * 2 + ["fedavg"], "sh": [0.05, 0.05, 0.5, 0.5, 0.5],
+                       "seed": [0, 0, 0, 0, 1], "accuracy": [75.0, 74.0, 60.0, 70.0, 62.0]})
+    text = heterogeneity_reading({"sh": sh, "th": pd.DataFrame()})
+    assert text.startswith("**Fig. 2") and "SH from 0.05 to 0.5: FedAvg -14.00, FedCTTA -4.00 points" in text
+    assert "largest drop: FedAvg" in text and "best of the 2 strategies stored at 1 of 2 points" in text
+    assert "FedAvg at 0.05" in text and "TH" not in text
 
 
 def test_beside_per_corruption_puts_row_means_beside_the_papers_and_gaps_to_fedavg():

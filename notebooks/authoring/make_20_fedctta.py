@@ -308,7 +308,7 @@ change.
     ("code", """
 display(Markdown(reading(walk, shares, contrast, t4, grad_refs, interval_grid, temperature_grid, batch_grid, cost,
                          table1, pd.DataFrame(cost_result["over_rounds"]),
-                         beside_fedctta_table3(case_runs) if case_runs else None)))
+                         beside_fedctta_table3(case_runs) if case_runs else None, fig2)))
 """),
 ]
 
