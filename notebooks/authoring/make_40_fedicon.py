@@ -55,6 +55,7 @@ fig3_n_train = 150         # Fig 3 runs at a smaller size
 fig3_clients = [4, 8, 16]
 fig3_epochs = [1, 2, 3]
 results_dir = "../figures/fedicon/"
+shift_seeds = None         # seeds of Tables 7, 2, 5 and 4 (None: the same as seeds; fewer to fit a CPU budget)
 table7_methods = ["Local", "FedAvg", "FedProx", "FedTHE", "Tent", "EATA", "T3A", "FedICON"]
 run_office = False         # Office-Caltech-10 (Tables 2 and 5), ResNet-18 (slow on one CPU thread)
 office_size = 32
@@ -94,6 +95,7 @@ if smoke:
     seeds, rounds, n_train, n_test, fig3_n_train = seeds[:1], 1, 32, 16, 32
     fig3_clients, fig3_epochs, run_office, run_cifar = fig3_clients[:2], fig3_epochs[:2], False, False
     table7_methods = ["FedAvg", "FedICON"]
+shift_seeds = seeds if shift_seeds is None or smoke else list(shift_seeds)
 out_dir = Path(results_dir)
 out_dir.mkdir(parents=True, exist_ok=True)
 cache = Path(tempfile.mkdtemp()) if smoke else out_dir / "cache"
@@ -186,7 +188,7 @@ lodo = {}
 for held_out in held_out_domains:
     setting = {"name": f"digits-lodo-{held_out}", "n_train": n_train, "n_test": n_test}
     build = lambda seed, h=held_out: digit_lodo_clients(h, n_train, n_test, seed)
-    lodo[held_out] = run_methods(cache, setting, table7_methods, seeds, build, "cnn2", train_cfg, tta_cfg)
+    lodo[held_out] = run_methods(cache, setting, table7_methods, shift_seeds, build, "cnn2", train_cfg, tta_cfg)
 rows_lodo = pd.concat([r.assign(client=h) for h, r in lodo.items()], ignore_index=True)  # mean over clients
 table7 = beside_paper(method_table(rows_lodo, table7_methods, held_out_domains),
                       paper_columns("table7", ["MNIST", "USPS", "MNIST-M"], table7_methods), "paper")
@@ -210,7 +212,7 @@ if run_office:
     for held_out in OFFICE_CLIENT_DOMAINS:
         setting = {"name": f"office-lodo-{held_out}", "size": office_size}
         build = lambda seed, h=held_out: office_lodo_clients(h, office_size, seed)
-        r = run_methods(cache, setting, office_methods, seeds, build, "resnet18", office_cfg, tta_cfg)
+        r = run_methods(cache, setting, office_methods, shift_seeds, build, "resnet18", office_cfg, tta_cfg)
         office_rows.append(r.assign(client=held_out))
     office_rows = pd.concat(office_rows, ignore_index=True)
     table2 = method_table(office_rows, office_methods, list(OFFICE_CLIENT_DOMAINS))
@@ -220,7 +222,8 @@ if run_office:
     office_means = mean_by_method(office_rows)
     setting = {"name": "office-covariate", "size": office_size, "test_fraction": office_test_fraction}
     build = lambda seed: office_covariate_clients(office_size, seed, office_test_fraction)
-    office_cov_rows = run_methods(cache, setting, office_methods, seeds, build, "resnet18", office_cfg, tta_cfg)
+    office_cov_rows = run_methods(cache, setting, office_methods, shift_seeds, build, "resnet18", office_cfg,
+                                  tta_cfg)
     table5 = method_table(office_cov_rows, office_methods, list(OFFICE_CLIENT_DOMAINS))
     paper5 = paper_columns("table5", ["Amazon", "Caltech", "DSLR", "Webcam"], office_methods)
     table5_beside = beside_paper(table5, paper5, "paper (CNN, full size)")
@@ -243,7 +246,7 @@ if run_cifar:
     for alpha in cifar_alphas:
         setting = {"name": f"cifar-dir{alpha}", "n_train": cifar_n_train, "n_test": cifar_n_test, "severity": 1}
         build = lambda seed, a=alpha: cifar_label_skew_clients(a, 20, cifar_n_train, cifar_n_test, seed)
-        r = run_methods(cache, setting, cifar_methods, seeds, build, "cnn2", cifar_cfg, tta_cfg, clean=True)
+        r = run_methods(cache, setting, cifar_methods, shift_seeds, build, "cnn2", cifar_cfg, tta_cfg, clean=True)
         parts.append(shift_table(r, cifar_methods).add_prefix(f"dir{alpha:g} "))
         cifar_means[alpha] = mean_by_method(r)
     table4 = pd.concat(parts, axis=1)
@@ -270,9 +273,9 @@ display(Markdown("\\n".join(f"- {l}" for l in lines)))
 if not smoke:
     body = [f"# FedICON tables (notebook 40_fedicon)", "",
             f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon -p \\"seeds={seeds}\\" "
-            f"-p run_office={run_office} -p run_cifar={run_cifar}`: " +
+            f"-p run_office={run_office} -p run_cifar={run_cifar} -p \\"shift_seeds={shift_seeds}\\"`: " +
             f"rounds={rounds}, local_epochs={local_epochs}, lr={lr}, tau={tau}, n_train={n_train}, n_test={n_test}, "
-            f"seeds={seeds}; substitute settings (see the notebook).", "",
+            f"seeds={seeds} (Tables 7, 2, 5, 4: {shift_seeds}); substitute settings (see the notebook).", "",
             "## Table 1 shape (digit domains, covariate shift)", "", markdown_table(table1_beside), "",
             "## Table 8 shape (ablation)", "", markdown_table(ablation_table(rows_ablation)), "",
             "## Table 9 shape", "", markdown_table(table9), "", "## Fig 3 data", "",
