@@ -185,3 +185,17 @@ def test_office_covariate_clients_split_each_domain_once_and_corrupt_only_the_te
     assert all(torch.equal(a.x_test, b.x_test) and torch.equal(a.y_train, b.y_train) for a, b in zip(clients, again))
     with pytest.raises(ValueError, match="test_fraction"):
         office_covariate_clients(16, seed=0, test_fraction=1.0)
+
+
+def test_online_tta_never_adapts_on_a_single_image_batch():
+    """A last test batch of one image joins the one before: ResNet-18 at 32 px has 1x1 maps, where BatchNorm in
+    training mode cannot take one image (Office-Caltech caltech10 under Table 5's split: 225 = 7 x 32 + 1)."""
+    from ftta_core.fedicon.adaptation import online_batches, tent_predict
+    from ftta_core.fedicon.models import make_model
+
+    assert online_batches(225, 32)[-1] == slice(192, 225) and len(online_batches(225, 32)) == 7
+    assert online_batches(200, 32)[-1] == slice(192, 200) and online_batches(1, 32) == [slice(0, 1)]
+    assert sum(b.stop - b.start for b in online_batches(97, 32)) == 97
+    x = torch.rand(33, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    preds = tent_predict(make_model("resnet18", seed=0), x, TTAConfig(batch_size=32))
+    assert preds.shape == (33,)

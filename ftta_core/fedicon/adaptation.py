@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import List
 
 import torch
 import torch.nn.functional as F
@@ -72,10 +73,19 @@ def contrastive_tta(model: nn.Module, x_test: torch.Tensor, train_cfg: TrainConf
     return local_update(tuned, x_test, dummy, cfg.epochs, tta_cfg, gen, loss, trainable=encoder_names(tuned))
 
 
+def online_batches(n: int, batch_size: int) -> List[slice]:
+    """Consecutive test batches of ``batch_size`` over ``n`` images; a last batch of a single image joins the one
+    before it (BatchNorm in training mode needs two values per channel, e.g. ResNet-18's 1x1 maps at 32 px)."""
+    starts = list(range(0, n, batch_size))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return [slice(s, e) for s, e in zip(starts, starts[1:] + [n])]
+
+
 def _online(method, model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Run a ftta local method on a one-client bank over the batches of ``x``; predictions per batch."""
     bank = make_bank("loop", model, 1, method.trainable(model), method.optimizer())
-    preds = [method.adapt(bank, x[s:s + batch_size][None]).logits[0].argmax(1) for s in range(0, len(x), batch_size)]
+    preds = [method.adapt(bank, x[b][None]).logits[0].argmax(1) for b in online_batches(len(x), batch_size)]
     return torch.cat(preds)
 
 
