@@ -346,6 +346,9 @@ def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
             continue
         means = table.groupby([field, "variant"])["accuracy"].mean().unstack()
         lo, hi = means.index.min(), means.index.max()
+        if len(means) < 2:
+            parts.append(f"{field.upper()}: only {lo:g} stored so far")
+            continue
         change = (means.loc[hi] - means.loc[lo]).dropna().sort_values()
         best = means.idxmax(axis=1)
         text = (f"{field.upper()} from {lo:g} to {hi:g}: " +

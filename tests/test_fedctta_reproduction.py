@@ -311,6 +311,8 @@ def test_heterogeneity_reading_states_drops_and_where_fedctta_is_best():
     assert text.startswith("**Fig. 2") and "SH from 0.05 to 0.5: FedAvg -14.00, FedCTTA -4.00 points" in text
     assert "largest drop: FedAvg" in text and "best of the 2 strategies stored at 1 of 2 points" in text
     assert "FedAvg at 0.05" in text and "TH" not in text
+    text = heterogeneity_reading({"sh": sh, "th": sh[sh.sh == 0.5].rename(columns={"sh": "th"})})
+    assert "TH: only 0.5 stored so far" in text
 
 
 def test_beside_per_corruption_puts_row_means_beside_the_papers_and_gaps_to_fedavg():
