@@ -351,9 +351,11 @@ def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
             continue
         change = (means.loc[hi] - means.loc[lo]).dropna().sort_values()
         best = means.idxmax(axis=1)
+        unchanged = [label(s) for s, d in change.items() if abs(d) < 0.005]
         text = (f"{field.upper()} from {lo:g} to {hi:g}: " +
-                ", ".join(f"{label(s)} {d:+.2f}" for s, d in change.items()) +
-                f" points (largest drop: {label(change.index[0])})")
+                ", ".join(f"{label(s)} {d:+.2f}" for s, d in change.items()) + " points (" +
+                (f"largest drop: {label(change.index[0])}" if change.iloc[0] < 0 else "no strategy loses accuracy") +
+                (f"; unchanged: {', '.join(unchanged)}" if unchanged else "") + ")")
         if "fedctta" in means:
             text += (f"; FedCTTA is the best of the {means.shape[1]} strategies stored at "
                      f"{int((best == 'fedctta').sum())} of {len(means)} points (best elsewhere: " +

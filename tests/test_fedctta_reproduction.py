@@ -313,6 +313,9 @@ def test_heterogeneity_reading_states_drops_and_where_fedctta_is_best():
     assert "FedAvg at 0.05" in text and "TH" not in text
     text = heterogeneity_reading({"sh": sh, "th": sh[sh.sh == 0.5].rename(columns={"sh": "th"})})
     assert "TH: only 0.5 stored so far" in text
+    flat = sh.assign(accuracy=[70.0, 71.0, 70.0, 71.5, 70.0])
+    text = heterogeneity_reading({"sh": flat})
+    assert "(no strategy loses accuracy; unchanged: FedAvg)" in text
 
 
 def test_beside_per_corruption_puts_row_means_beside_the_papers_and_gaps_to_fedavg():

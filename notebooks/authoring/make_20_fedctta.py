@@ -197,6 +197,12 @@ SH grows, FedAvg most, FedCTTA stays best; at high TH FedCTTA is close to FedTSA
 scenario (SH = clusters / clients, TH = 1 / slot length; `ftta_core.scenarios.heterogeneity_scenario`), the
 protocol's other settings, and are stored in `sweep_dir`, shared with notebook 11's Fig. 4. This cell reads what is
 stored and lists what is missing: `-p compute_sweeps=True` runs it, `FTTA_PLAN` plans it for `run-plan`.
+
+Under TTA-bn a strategy without state (Local, FedAvg, FedAMP: each step normalises with that step's batch statistics
+and mixes that step's uploads) cannot depend on TH: a shorter slot only reorders the same per-step batches in time.
+Only a server that carries something between steps (FedTSA's memory, pFedGraph's state) or draws something per
+step (FedCTTA's probes) can respond to TH here; the paper's TH curves come from a setting where the client models
+themselves change over time.
 """),
     ("code", """
 FIG2 = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
