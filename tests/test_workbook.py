@@ -115,3 +115,15 @@ def test_strategy_comparison_runs_a_stateful_local_method_one_run_per_strategy(t
     direct = run_grid(cfg, {s: {"strategy": s} for s in ("local", "fedavg")}, [0], progress=False)
     assert table["accuracy"].tolist() == direct["accuracy"].tolist()
     assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+def test_stateless_tta_bn_strategies_cannot_see_temporal_heterogeneity():
+    """Notebook 20's Fig. 2 finding: when a slot length divides the steps per corruption, a shorter slot only
+    reorders the same per-step batches (and the corruptions clusters meet at a step), so Local, FedAvg and FedAMP,
+    which carry nothing between steps under TTA-bn, give the same accuracy; pFedGraph, which keeps state, does not."""
+    base = dataclasses.replace(SWEEP_BASE, images_per_client=20, max_steps=None)  # 4 steps per corruption
+    sweep = heterogeneity_sweep(base, "th", [0.25, 0.5], {"sh": 0.5}, ["local", "fedavg", "fedamp", "pfedgraph"], [0])
+    by_th = sweep.pivot(index="variant", columns="th", values="accuracy")
+    for stateless in ("local", "fedavg", "fedamp"):
+        assert by_th.loc[stateless, 0.25] == by_th.loc[stateless, 0.5]
+    assert by_th.loc["pfedgraph", 0.25] != by_th.loc["pfedgraph", 0.5]

@@ -199,7 +199,9 @@ protocol's other settings, and are stored in `sweep_dir`, shared with notebook 1
 stored and lists what is missing: `-p compute_sweeps=True` runs it, `FTTA_PLAN` plans it for `run-plan`.
 
 Under TTA-bn a strategy without state (Local, FedAvg, FedAMP: each step normalises with that step's batch statistics
-and mixes that step's uploads) cannot depend on TH: a shorter slot only reorders the same per-step batches in time.
+and mixes that step's uploads) cannot depend on TH as long as the slot length divides the 50 steps a client spends
+on a corruption (TH = 0.02, 0.1 here; not 0.05): a shorter slot then only reorders the same per-step batches, and
+the corruptions the clusters meet at one step, in time (tested in `tests/test_workbook.py`).
 Only a server that carries something between steps (FedTSA's memory, pFedGraph's state) or draws something per
 step (FedCTTA's probes) can respond to TH here; the paper's TH curves come from a setting where the client models
 themselves change over time.
