@@ -57,7 +57,7 @@ def scaling_row(label: str, n: int, dims: Dict[str, int], state, device: str, la
     strategy.reset(n)
     uploads = upload_shapes(strategy, dims)
     window = getattr(strategy, "window", 1)
-    start = fill_indicator_memory(strategy, n, window - 1, dims["feature_dim"])
+    start = fill_indicator_memory(strategy, n, window - 1, dims["feature_dim"], device=device)
     row = {"strategy": label, "clients": n, "server_steps": steps,
            **summarize_rounds(measure_rounds(strategy, n, rounds_for(label, n), state, uploads, device=device,
                                              start=start))}
@@ -68,7 +68,7 @@ def scaling_row(label: str, n: int, dims: Dict[str, int], state, device: str, la
         row["extrapolated"] = steps != default_steps
     probe = build(label, server_steps=peak_steps) if label == "FedTSA" else build(label)
     probe.reset(n)
-    fill_indicator_memory(probe, n, window - 1, dims["feature_dim"])
+    fill_indicator_memory(probe, n, window - 1, dims["feature_dim"], device=device)
     inputs = synthetic_inputs(10_000, n, state, uploads, device=device)
     row.update(peak_allocation(lambda: server_round(probe, inputs), device))
     row["peak_server_steps"] = peak_steps if label == "FedTSA" else None

@@ -278,3 +278,49 @@ def group_summaries(summaries: Mapping[tuple, Mapping[str, Any]], cells: pd.Data
             m, st = cells.at[name, "method"], cells.at[name, "strategy"]
             out.setdefault(f"{METHOD_LABELS.get(m, m)} / {STRATEGY_LABELS.get(st, st)}", []).append(s)
     return out
+
+
+def _cell(table: pd.DataFrame, strategy: str, method: str, setting: str, column: str = "ours") -> float:
+    hit = table[(table.strategy == strategy) & (table.method == method) & (table.setting == setting)]
+    return float(hit[column].iloc[0]) if len(hit) else float("nan")
+
+
+def _pair(table: pd.DataFrame, strategy: str, method: str, setting: str) -> str:
+    ours, paper = (_cell(table, strategy, method, setting, c) for c in ("ours", "paper"))
+    return f"{ours:.2f}" + ("" if np.isnan(paper) else f" (paper {paper:.2f})")
+
+
+def imbalance_reading(table: pd.DataFrame) -> str:
+    """The notebook's reading of Table 1, computed from ``beside_paper_table1``'s long table: per label-skew setting,
+    whether BBN and pFedBBN beat Tent and Tent + FedAvg (the paper's claim), where BBN's best server is, and which
+    servers fall far below local adaptation. Settings with no stored BBN / Tent runs are skipped."""
+    out: List[str] = []
+    settings = list(dict.fromkeys(table.setting))
+    for setting in settings:
+        tent_local, tent_avg = _cell(table, "None-Fed", "Tent", setting), _cell(table, "FedAvg", "Tent", setting)
+        bbn_local, pfedbbn = _cell(table, "None-Fed", "BBN", setting), _cell(table, "pFedBBN", "BBN", setting)
+        if np.isnan([tent_local, tent_avg, bbn_local, pfedbbn]).any():
+            continue
+        source = _cell(table, *SOURCE_ROW, setting)
+        bbn = table[(table.method == "BBN") & (table.setting == setting)].dropna(subset=["ours"])
+        best = bbn.loc[bbn.ours.idxmax()]
+        paper_best = bbn.dropna(subset=["paper"])
+        paper_best = paper_best.loc[paper_best.paper.idxmax()] if len(paper_best) else None
+        beats = "beats" if min(bbn_local, pfedbbn) > max(tent_local, tent_avg) else "does not beat"
+        text = (f"**{setting}**: Tent {_pair(table, 'None-Fed', 'Tent', setting)}, Tent + FedAvg "
+                f"{_pair(table, 'FedAvg', 'Tent', setting)}; BBN {_pair(table, 'None-Fed', 'BBN', setting)}, "
+                f"BBN + pFedBBN {_pair(table, 'pFedBBN', 'BBN', setting)}; the source model {source:.2f} (BBN "
+                f"{bbn_local - source:+.2f} from it). "
+                f"BBN/pFedBBN {beats} Tent/Tent + FedAvg here ({min(bbn_local, pfedbbn) - max(tent_local, tent_avg):+.2f}"
+                " points, the worse of the two BBN rows against the better Tent row). "
+                f"BBN's best server is {best.strategy} ({best.ours:.2f})"
+                + (f"; the paper's is {paper_best.strategy} ({paper_best.paper:.2f})" if paper_best is not None else "")
+                + f"; pFedBBN is {pfedbbn - best.ours:+.2f} from it.")
+        collapsed = table[(table.setting == setting) & (table.strategy != "None-Fed")
+                          & table.method.isin(["RoTTA", "BBN"])]
+        low = [f"{r.strategy} with {r.method} ({r.ours:.2f})" for r in collapsed.itertuples()
+               if r.ours < _cell(table, "None-Fed", r.method, setting) - 10]
+        if low:
+            text += " More than 10 points below local adaptation: " + ", ".join(low) + "."
+        out.append("- " + text)
+    return "\n".join(out) if out else "No setting has stored Tent and BBN runs to compare."

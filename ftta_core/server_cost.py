@@ -189,14 +189,17 @@ def measure_rounds(strategy: Strategy, n_clients: int, rounds: int, state: Shape
             for r in range(rounds)]
 
 
-def fill_indicator_memory(strategy: Strategy, n_clients: int, steps: int, dim: int, seed: int = 0) -> int:
-    """Push ``steps`` synthetic indicator uploads into a FedTSA memory bank without training (steady state:
-    a full window); returns the next step id. Strategies without an indicator memory are left unchanged."""
+def fill_indicator_memory(strategy: Strategy, n_clients: int, steps: int, dim: int, seed: int = 0,
+                          device: str = "cpu") -> int:
+    """Push ``steps`` synthetic indicator uploads on ``device`` into a FedTSA memory bank without training (steady
+    state: a full window); returns the next step id. The bank lives on the device of its first upload and the
+    TS-Block trains there, so ``device`` must be the device of the timed rounds' uploads. Strategies without an
+    indicator memory are left unchanged."""
     memory = getattr(strategy, "memory", None)
     if memory is None or not hasattr(memory, "push"):
         return 0
     for t in range(steps):
-        memory.push(t, torch.rand(n_clients, dim, generator=torch_generator(seed, "server-cost-fill", t)))
+        memory.push(t, torch.rand(n_clients, dim, generator=torch_generator(seed, "server-cost-fill", t)).to(device))
     return steps
 
 

@@ -187,3 +187,28 @@ def test_same_domain_weight_of_uniform_mixing():
     assert np.allclose(shares["self"], 0.25)
     assert np.allclose(shares["same domain"], shares["uniform same-domain"])
     assert np.allclose(shares[["self", "same domain", "other domains"]].sum(axis=1), 1.0)
+
+
+def _long_table(rows):
+    return pd.DataFrame([dict(zip(["strategy", "method", "setting", "ours", "paper"], r)) for r in rows])
+
+
+def test_imbalance_reading_states_the_claim_from_the_numbers():
+    rows = []
+    for setting, tent, bbn in (("IID", 80.0, 70.0), ("alpha=0.01", 20.0, 60.0)):
+        rows += [("Any", "Source", setting, 50.0, 55.0), ("None-Fed", "Tent", setting, tent, tent + 1),
+                 ("FedAvg", "Tent", setting, tent - 2, tent), ("None-Fed", "BBN", setting, bbn, 60.0),
+                 ("FedAvg", "BBN", setting, bbn + 5, 62.0), ("FedAvgM", "BBN", setting, bbn - 20, float("nan")),
+                 ("pFedBBN", "BBN", setting, bbn + 1, 70.0)]
+    text = imbalance.imbalance_reading(_long_table(rows))
+    iid, skew = text.split("\n")
+    assert "**IID**" in iid and "does not beat" in iid and "-10.00 points" in iid
+    assert "**alpha=0.01**" in skew and "beats Tent" in skew and "+40.00 points" in skew
+    assert "best server is FedAvg (65.00); the paper's is pFedBBN (70.00); pFedBBN is -4.00" in skew
+    assert "BBN +10.00 from it" in skew and "FedAvgM with BBN (40.00)" in skew
+    assert "More than 10 points below local adaptation: FedAvgM with BBN (50.00)." in iid
+
+
+def test_imbalance_reading_skips_settings_without_runs():
+    rows = [("Any", "Source", "IID", 50.0, 55.0), ("None-Fed", "Tent", "IID", 70.0, 71.0)]
+    assert imbalance.imbalance_reading(_long_table(rows)).startswith("No setting")
