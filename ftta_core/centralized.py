@@ -115,3 +115,20 @@ def per_corruption_beside(table: pd.DataFrame) -> pd.DataFrame:
             out[f"{method}_reference"] = theirs.reindex(ours.index)
     out.index.name = "corruption"
     return out
+
+
+def ordering_reading(beside: pd.DataFrame) -> str:
+    """How our ranking of the methods (``beside_reference``) agrees with the benchmark's: Spearman's rank correlation
+    over the methods with both numbers, and each method whose rank differs, with both errors."""
+    both = beside.dropna(subset=["ours_error", "reference_error"])
+    if len(both) < 2:
+        return "Fewer than two methods have both our error and the benchmark's: no ordering to compare."
+    rank_ours = both["ours_error"].rank(method="min")
+    rank_ref = both["reference_error"].rank(method="min")
+    rho = float(rank_ours.corr(rank_ref, method="pearson")) if rank_ours.nunique() > 1 else float("nan")
+    moved = [f"{r.method} ({int(a)} here, {int(b)} there: {r.ours_error:.1f}% vs {r.reference_error:.1f}%)"
+             for r, a, b in zip(both.itertuples(), rank_ours, rank_ref) if a != b]
+    best, worst = both.loc[both.ours_error.idxmin(), "method"], both.loc[both.ours_error.idxmax(), "method"]
+    text = (f"Spearman rank correlation with the benchmark's ordering over {len(both)} methods: {rho:.2f}. "
+            f"Lowest error here: {best}; highest: {worst}. ")
+    return text + ("Same ordering as the benchmark." if not moved else "Ranks that differ: " + "; ".join(moved) + ".")

@@ -43,7 +43,10 @@ def run_leaderboard(base: ExperimentConfig, locals_: Sequence[str], strategies: 
         variants = {s: {"strategy": s} for s in strategies}
         g = run_grid(cfg, variants, seeds, results_dir=results_dir, only_cached=only_cached, progress=False)
         frames.append(g.rename(columns={"variant": "strategy"}).assign(local=local))
+    frames = [f for f in frames if len(f)] or frames[:1]  # a local method with no stored run adds no rows
     grid = pd.concat(frames, ignore_index=True)
+    numeric = [c for c in grid.columns if c not in ("local", "strategy")]
+    grid[numeric] = grid[numeric].apply(pd.to_numeric)  # an empty frame's object columns must not leak into them
     return grid[["local", "strategy", "seed", *[c for c in grid.columns if c not in ("local", "strategy", "seed")]]]
 
 
@@ -65,8 +68,8 @@ def leaderboard_heatmap(table: pd.DataFrame, ax=None, title: str = ""):
     import seaborn as sns
 
     ax = ax or plt.gca()
-    means = table["mean"].unstack("strategy")
-    ci = table["ci95"].unstack("strategy").reindex_like(means)
+    means = table["mean"].unstack("strategy").astype(float)  # cells of a partial grid are NaN (left blank)
+    ci = table["ci95"].unstack("strategy").reindex_like(means).astype(float)
     labels = means.map(lambda v: "" if pd.isna(v) else f"{v:.1f}") + ci.map(
         lambda v: "" if pd.isna(v) else f"\n±{v:.1f}")
     sns.heatmap(means, annot=labels.values, fmt="", cmap="viridis", ax=ax, cbar_kws={"label": "accuracy (%)"},

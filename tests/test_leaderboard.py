@@ -32,3 +32,25 @@ def test_run_leaderboard_stores_and_reads_back(tmp_path, monkeypatch):
     again = run_leaderboard(base, ["bn", "tent"], ["local", "fedavg"], [0], results_dir=tmp_path / "runs",
                             only_cached=True)
     pd.testing.assert_frame_equal(grid[["local", "strategy", "accuracy"]], again[["local", "strategy", "accuracy"]])
+
+
+def test_a_partial_leaderboard_reads_and_draws(tmp_path, monkeypatch):
+    # a leaderboard fills in over sessions: local methods with no stored run must not turn the columns into objects
+    # (the heatmap of session 6's 28 stored CIFAR runs failed on exactly that)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ftta_core.leaderboard import leaderboard_heatmap
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    base = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, batch_size=10,
+                            images_per_client=20, corruptions=["fog", "contrast"], sh=0.5, th=0.5, device="cpu",
+                            max_steps=2)
+    run_leaderboard(base, ["bn"], ["local"], [0], results_dir=tmp_path / "runs")
+    grid = run_leaderboard(base, ["bn", "tent"], ["local", "fedavg"], [0], results_dir=tmp_path / "runs",
+                           only_cached=True)
+    assert len(grid) == 1 and grid["accuracy"].dtype.kind == "f"
+    table = leaderboard_table(grid)
+    assert leaderboard_heatmap(table).get_title() == ""
+    empty = run_leaderboard(base, ["tent"], ["fedavg"], [0], results_dir=tmp_path / "runs", only_cached=True)
+    assert empty.empty

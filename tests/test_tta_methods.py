@@ -6,6 +6,7 @@ import io
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -357,3 +358,17 @@ def test_centralized_cli_writes_table_with_command(tmp_path, one_thread):
     md = stem.with_suffix(".md").read_text().splitlines()
     assert md[0].startswith("Made by: `python -m ftta_core") and "| bn |" in "\n".join(md)
     assert len(stem.with_suffix(".csv").read_text().splitlines()) == 3
+
+
+def test_ordering_reading_names_the_methods_that_move():
+    from ftta_core.centralized import ordering_reading
+
+    beside = pd.DataFrame({"method": ["source", "bn", "tent", "cotta"], "ours_error": [36.0, 30.0, 25.0, 28.0],
+                           "reference_error": [43.5, 20.4, 20.0, 16.5]})
+    text = ordering_reading(beside)
+    assert "over 4 methods: 0.80" in text and "Lowest error here: tent; highest: source" in text
+    assert "cotta (2 here, 1 there: 28.0% vs 16.5%)" in text and "tent (1 here, 2 there" in text
+    assert "bn" not in text.split("Ranks that differ")[1] and "source (" not in text
+    same = beside.assign(ours_error=[40.0, 30.0, 29.0, 20.0])
+    assert ordering_reading(same).endswith("Same ordering as the benchmark.")
+    assert ordering_reading(beside.iloc[:1]).startswith("Fewer than two")

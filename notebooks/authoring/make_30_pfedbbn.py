@@ -89,6 +89,8 @@ reduced_corruptions = ["gaussian_noise", "defocus_blur", "snow", "jpeg_compressi
 reduced_alphas = [None, 0.1]
 reduced_methods = ["tent", "rotta", "bbn"]
 reduced_strategies = ["local", "fedavg"]
+# the one-client sanity run (python -m ftta_core centralized-tta ..., its first line says how it was made)
+centralized_table = "../figures/centralized/cifar10c_continual_2000.csv"
 """),
     ("code", """
 import dataclasses
@@ -272,6 +274,27 @@ try:
     imbalance.pfedbbn_config(dataset="cifar100")
 except ValueError as err:
     print("CIFAR-100-C not available:", err)
+"""),
+    ("md", """
+## Sanity: the local methods alone (one client, continual CIFAR-10-C)
+Before federating them: each local method as a single client walking the 15 corruptions in order at severity 5,
+batch 200, no reset (the continual protocol of the test-time-adaptation benchmark), error of the prediction made
+while adapting, beside the benchmark's WRN-28 numbers (`ftta_core.centralized`). Our model is the ResNet-8 and
+the stored run uses 2,000 images per corruption (the benchmark: 10,000) to fit a CPU; the same methods, settings
+and order. Compare the ordering, not the errors: our source model is far more robust than WRN-28 without
+adaptation, so every method starts from a lower error.
+"""),
+    ("code", """
+from ftta_core.centralized import beside_reference, ordering_reading
+
+path = Path(centralized_table)
+if path.exists():
+    beside = beside_reference(pd.read_csv(path))
+    display(beside.round(2))
+    print(ordering_reading(beside))
+else:
+    print(f"{path} is not stored; make it with: python -m ftta_core centralized-tta --images 2000 "
+          f"--table {path.with_suffix('')}")
 """),
     ("md", """
 ## Reading it
