@@ -1,5 +1,6 @@
 """What the server could infer from uploads: the probing classifier and the upload collection."""
 import numpy as np
+import pandas as pd
 import pytest
 
 from ftta_core.experiment import ExperimentConfig
@@ -30,3 +31,16 @@ def test_collected_uploads_have_one_row_per_client_and_step(tmp_path, monkeypatc
         "feature_mean"].shape[1]
     table = leakage_table(got, folds=3)
     assert table["guess accuracy (%)"].between(0, 100).all() and (table["chance (%)"] > 0).all()
+
+
+def test_leakage_reading_orders_uploads_and_names_small_uploads_that_reveal_more():
+    from ftta_core.leakage import leakage_reading
+
+    table = pd.DataFrame({"upload": ["bn_stats", "probe_logits", "feature_mean"], "bytes (float32)": [10752, 40, 1024],
+                          "guess accuracy (%)": [94.9, 55.7, 30.1], "chance (%)": [8.3] * 3}).set_index("upload")
+    text = leakage_reading(table)
+    assert text.index("bn_stats 94.9%") < text.index("probe_logits 55.7%") < text.index("feature_mean 30.1%")
+    assert "(chance 8.3%)" in text
+    assert "probe_logits (40 bytes, 55.7%) more than feature_mean (1024 bytes, 30.1%)" in text
+    assert "bn_stats (" not in text.split("Fewer bytes")[1]
+    assert "Fewer bytes" not in leakage_reading(table.drop(index="probe_logits"))

@@ -42,7 +42,7 @@ import pandas as pd
 
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.leaderboard import leaderboard_heatmap, leaderboard_table, run_leaderboard
-from ftta_core.leakage import collect_uploads, leakage_table
+from ftta_core.leakage import collect_uploads, leakage_reading, leakage_table
 from ftta_core.notebooks import smoke_mode
 from ftta_core.workbook import run_strategy_grid
 
@@ -96,7 +96,8 @@ if cost_file.exists():
 probe_cfg = dataclasses.replace(base, local="bn", local_params={}, strategy="fedctta", strategy_params={},
                                 max_steps=None)
 leak = leakage_table(collect_uploads(probe_cfg, max_steps=leakage_steps))
-leak.round(1)
+display(leak.round(1))
+print(leakage_reading(leak))
 """),
     ("md", """
 ## Partial participation and stragglers
@@ -124,11 +125,11 @@ if not rates.empty:
 ## Reading it
 The leaderboard's best cells and the gains over `local` are the headline: a strategy is only worth its
 communication where it adds points over `local` with a confidence interval that excludes zero. The leakage table
-says how much one upload tells the server about a client's current conditions, against the chance level. On the
-embedded digits (smoke run) BN statistics, FedTSA's indicator and FedCTTA's probe logits all identify the
-corruption at or near 100%, logit means far less: FedCTTA's probes are shared noise, not client data, yet their
-outputs pass through the client's adapted BN statistics and carry the same information. Sending fewer bytes (40
-instead of 10 KB) is therefore not the same as revealing less. Check the table above for the CIFAR-10-C run.
+says how much one upload tells the server about a client's current conditions, against the chance level, and the
+sentence under it names every case where a smaller upload reveals more than a larger one. FedCTTA's probes are
+shared noise, not client data, yet their outputs pass through the client's adapted BN statistics and carry the
+corruption with them: sending fewer bytes is not the same as revealing less. On CIFAR-10-C the leaderboard fills
+in over GPU sessions (`compute=True`); the runs stored so far come from one seed, so their cells have no interval.
 """),
 ]
 
