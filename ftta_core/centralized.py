@@ -129,6 +129,10 @@ def ordering_reading(beside: pd.DataFrame) -> str:
     moved = [f"{r.method} ({int(a)} here, {int(b)} there: {r.ours_error:.1f}% vs {r.reference_error:.1f}%)"
              for r, a, b in zip(both.itertuples(), rank_ours, rank_ref) if a != b]
     best, worst = both.loc[both.ours_error.idxmin(), "method"], both.loc[both.ours_error.idxmax(), "method"]
+    adapted = both[both.method != "source"]
+    spread = (f"The adapting methods span {adapted.ours_error.min():.1f}-{adapted.ours_error.max():.1f}% here and "
+              f"{adapted.reference_error.min():.1f}-{adapted.reference_error.max():.1f}% there; ranks within a few "
+              "tenths of a point are noise. ") if len(adapted) > 1 else ""
     text = (f"Spearman rank correlation with the benchmark's ordering over {len(both)} methods: {rho:.2f}. "
-            f"Lowest error here: {best}; highest: {worst}. ")
+            f"Lowest error here: {best}; highest: {worst}. " + spread)
     return text + ("Same ordering as the benchmark." if not moved else "Ranks that differ: " + "; ".join(moved) + ".")

@@ -368,6 +368,7 @@ def test_ordering_reading_names_the_methods_that_move():
     text = ordering_reading(beside)
     assert "over 4 methods: 0.80" in text and "Lowest error here: tent; highest: source" in text
     assert "cotta (2 here, 1 there: 28.0% vs 16.5%)" in text and "tent (1 here, 2 there" in text
+    assert "The adapting methods span 25.0-30.0% here and 16.5-20.4% there" in text
     assert "bn" not in text.split("Ranks that differ")[1] and "source (" not in text
     same = beside.assign(ours_error=[40.0, 30.0, 29.0, 20.0])
     assert ordering_reading(same).endswith("Same ordering as the benchmark.")
