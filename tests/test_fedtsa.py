@@ -399,3 +399,24 @@ def test_engine_backends_agree(backend_pair):
         assert np.allclose(a.weights, b.weights, atol=1e-5)
         check_collaboration(torch.as_tensor(a.weights), 4)
     assert list(da.window_steps) == [0, 1, 2] and da.loss.shape == (5,)
+
+
+def test_predrawn_bernoulli_uniforms_give_the_masks_of_drawing_each_iteration():
+    # FedTSA draws a round's mask uniforms up front (no host round trip per iteration on a GPU); they must be the
+    # very draws the per-iteration sampling makes from the same generator, in the same order
+    from ftta_core.strategies.ts_block import bernoulli_uniforms
+
+    n, t, iterations = 5, 4, 3
+    gen = torch.Generator().manual_seed(3)
+    temporal_att = [torch.softmax(torch.randn(n, t, t, generator=gen), -1) for _ in range(iterations)]
+    spatial_att = [torch.softmax(torch.randn(n, n, generator=gen), -1) for _ in range(iterations)]
+    current = torch.rand(n, n, generator=gen) > 0.5
+    one_by_one, up_front = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    temporal_u, spatial_u = bernoulli_uniforms(iterations, n, t, True, up_front)
+    assert temporal_u.shape == (iterations, n, t, t) and spatial_u.shape == (iterations, n, n)
+    for it in range(iterations):
+        expected_t = sample_temporal_mask(temporal_att[it], one_by_one)
+        expected_s = sample_spatial_mask(spatial_att[it], current, one_by_one)
+        assert torch.equal(sample_temporal_mask(temporal_att[it], None, uniform=temporal_u[it]), expected_t)
+        assert torch.equal(sample_spatial_mask(spatial_att[it], current, None, uniform=spatial_u[it]), expected_s)
+    assert bernoulli_uniforms(2, n, t, False, torch.Generator().manual_seed(7))[0] is None

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from ..validation import check_choice
 from ..rng import torch_generator
 from .base import ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
-from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, sample_spatial_mask,
-                       sample_temporal_mask, similarity_mask)
+from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, bernoulli_uniforms,
+                       sample_spatial_mask, sample_temporal_mask, similarity_mask)
 
 # Fig. 3 ablations: name -> (trained, temporal module, augmentation)
 VARIANTS = {"full": (True, True, True), "w/o time": (True, False, True), "w/o aug": (True, True, False),
@@ -236,16 +236,18 @@ class FedTSA(Strategy):
             self.block = block
         return block
 
-    def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: torch.Generator):
+    def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: torch.Generator,
+               uniforms: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)):
         """M^cur, M^tem, M^spa for the augmented pass, from this iteration's (detached) unmasked attention;
-        ``indicator_mask`` is M^cur of the raw current indicators (it does not change between iterations)."""
+        ``indicator_mask`` is M^cur of the raw current indicators (it does not change between iterations);
+        ``uniforms``: this iteration's pre-drawn Bernoulli uniforms (temporal, spatial), else drawn here."""
         current = similarity_mask(out.temporal_output[-1]) if self.graph_on == "temporal" else indicator_mask
         temporal_mask = None
         if self.temporal:
             temporal_mask = sample_temporal_mask(out.temporal_attention, generator, self.augmentation,
-                                                 self.temporal_drop)
+                                                 self.temporal_drop, uniform=uniforms[0])
         spatial_mask = sample_spatial_mask(out.spatial_attention[-1], current, generator, self.augmentation,
-                                           self.edge_drop, self.edge_add)
+                                           self.edge_drop, self.edge_add, uniform=uniforms[1])
         device = out.output.device  # the masks are drawn on the CPU generator (same draws on every device)
         return current, _on_device(temporal_mask, device), spatial_mask.to(device)
 
@@ -259,22 +261,34 @@ class FedTSA(Strategy):
         masks = (indicator_mask, None, None)
         selected = (float("inf"), None, -1)  # (loss, (spatial, temporal) attention, iteration)
         optimizer = torch.optim.Adam(block.parameters(), lr=self.lr, fused=True) if steps else None
+        # no host round trip per iteration unless 'best' selection reads the loss: the Bernoulli masks' uniforms
+        # are drawn up front from the same CPU generator in the same order (same masks as drawing them one
+        # iteration at a time), and the losses stay on the device until the round ends
+        predrawn = lam > 0 and self.augmentation == "bernoulli"
+        temporal_u, spatial_u = (bernoulli_uniforms(steps, x.shape[1], x.shape[0], self.temporal, generator, x.device)
+                                 if predrawn else (None, None))
+        loss_log = torch.zeros((3, steps), device=x.device)
         for it in range(steps):
             out = block(x)
             loss_reg = F.mse_loss(out.output, x)
             loss_rob = torch.zeros((), device=x.device)
             if lam > 0:
-                masks = self._masks(out, indicator_mask, generator)
+                uniforms = (None if temporal_u is None else temporal_u[it], spatial_u[it]) if predrawn else (None, None)
+                masks = self._masks(out, indicator_mask, generator, uniforms)
                 aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
                             projections=out.projections)
                 loss_rob = F.mse_loss(out.output, aug.output)
             loss = loss_reg + lam * loss_rob
-            losses[:, it] = torch.stack([loss, loss_reg, loss_rob]).tolist()  # one host sync per iteration
-            if self.select == "best" and losses[0, it] < selected[0]:
-                selected = (losses[0, it], detached_attention(out), it)
+            loss_log[:, it] = torch.stack([loss, loss_reg, loss_rob]).detach()
+            if self.select == "best":
+                losses[:, it] = loss_log[:, it].tolist()  # 'best' reads the loss: one host sync per iteration
+                if losses[0, it] < selected[0]:
+                    selected = (losses[0, it], detached_attention(out), it)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+        if steps:
+            losses = loss_log.cpu().double().numpy()
         if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now
             with torch.no_grad():
                 selected = (float("nan"), detached_attention(block(x)), -1)

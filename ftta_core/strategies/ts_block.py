@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -170,19 +170,25 @@ def weighted_choice(weights: torch.Tensor, k: int, generator: torch.Generator,
 
 
 def sample_temporal_mask(attention: torch.Tensor, generator: torch.Generator, augmentation: str = "bernoulli",
-                         drop: float = 0.75) -> torch.Tensor:
+                         drop: float = 0.75, uniform: Optional[torch.Tensor] = None) -> torch.Tensor:
     """M^tem [N, T, T] from the temporal attention a^(T) [N, T, T]; the diagonal is always kept.
 
     'bernoulli' (paper): entry kept with probability a_{t_i t_j}. 'count' (code ``aug_temporal``): per client,
     ``int(T*T*drop)`` of the T*T entries are masked, drawn without replacement with probability proportional to
     1 - a, then the diagonal is restored (so between that count and that count minus T off-diagonal entries go).
+    'bernoulli' compares float64 uniforms with a: drawn here from ``generator`` (CPU), or given as ``uniform``
+    (drawn earlier from the same generator, ``bernoulli_uniforms``); then the mask is built on a's device with no
+    host round trip. 'count' draws on the CPU.
     """
     n, t, _ = attention.shape
+    if augmentation == "bernoulli":
+        a = attention.detach().double()
+        u = torch.rand(a.shape, generator=generator, dtype=torch.float64) if uniform is None else uniform
+        keep = u.to(a.device) < a
+        return keep | torch.eye(t, dtype=torch.bool, device=a.device).expand(n, t, t)
     a = attention.detach().double().cpu()
     eye = torch.eye(t, dtype=torch.bool).expand(n, t, t)
-    if augmentation == "bernoulli":
-        keep = torch.rand(a.shape, generator=generator, dtype=torch.float64) < a
-    elif augmentation == "count":
+    if augmentation == "count":
         dropped = weighted_choice((1 - a).reshape(n, t * t), int(t * t * drop), generator).view(n, t, t)
         keep = ~dropped
     else:
@@ -190,9 +196,25 @@ def sample_temporal_mask(attention: torch.Tensor, generator: torch.Generator, au
     return keep | eye
 
 
+def bernoulli_uniforms(iterations: int, n_clients: int, window: int, temporal: bool, generator: torch.Generator,
+                       device: torch.device | str = "cpu") -> Tuple[Optional[torch.Tensor], torch.Tensor]:
+    """The float64 uniforms that ``iterations`` rounds of 'bernoulli' mask sampling would draw from ``generator``,
+    in the same order (per iteration: the temporal mask's [N, T, T], then the spatial mask's [N, N]), stacked and
+    moved to ``device`` once: (temporal [iterations, N, T, T] or None, spatial [iterations, N, N]). The draws do not
+    depend on the attention, so drawing them up front gives the same masks with no host round trip per iteration."""
+    temporal_u, spatial_u = [], []
+    for _ in range(iterations):
+        if temporal:
+            temporal_u.append(torch.rand((n_clients, window, window), generator=generator, dtype=torch.float64))
+        spatial_u.append(torch.rand((n_clients, n_clients), generator=generator, dtype=torch.float64))
+    stacked_t = torch.stack(temporal_u).to(device) if temporal_u else None
+    spatial = torch.stack(spatial_u) if spatial_u else torch.zeros((0, n_clients, n_clients), dtype=torch.float64)
+    return stacked_t, spatial.to(device)
+
+
 def sample_spatial_mask(attention: torch.Tensor, current: torch.Tensor, generator: torch.Generator,
-                        augmentation: str = "bernoulli", edge_drop: float = 0.8, edge_add: float = 0.2
-                        ) -> torch.Tensor:
+                        augmentation: str = "bernoulli", edge_drop: float = 0.8, edge_add: float = 0.2,
+                        uniform: Optional[torch.Tensor] = None) -> torch.Tensor:
     """M^spa [N, N] refining M^cur (``current``) with the spatial attention a^(S) [N, N]; self-edges always kept.
 
     'bernoulli' (paper): an edge of M^cur is dropped with probability 1 - a_ij, a non-edge is added with probability
@@ -201,12 +223,13 @@ def sample_spatial_mask(attention: torch.Tensor, current: torch.Tensor, generato
     1 - a_ij, and ``int(non_edges*edge_add)`` non-edges are added, drawn proportional to a_ij.
     """
     n = attention.shape[0]
-    a = attention.detach().double().cpu()
-    eye = torch.eye(n, dtype=torch.bool)
-    edges = current.cpu().bool() & ~eye
-    non_edges = ~current.cpu().bool() & ~eye
-    if augmentation == "bernoulli":
-        u = torch.rand(a.shape, generator=generator, dtype=torch.float64)
+    bernoulli = augmentation == "bernoulli"  # built on the attention's device (``uniform``: see the temporal mask)
+    a = attention.detach().double() if bernoulli else attention.detach().double().cpu()
+    eye = torch.eye(n, dtype=torch.bool, device=a.device)
+    edges = current.to(a.device).bool() & ~eye
+    non_edges = ~current.to(a.device).bool() & ~eye
+    if bernoulli:
+        u = (torch.rand(a.shape, generator=generator, dtype=torch.float64) if uniform is None else uniform).to(a.device)
         kept = edges & (u >= 1 - a)  # dropped with probability 1 - a_ij
         added = non_edges & (u < a)  # added with probability a_ij
     elif augmentation == "count":
