@@ -306,12 +306,13 @@ def imbalance_reading(table: pd.DataFrame) -> str:
         best = bbn.loc[bbn.ours.idxmax()]
         paper_best = bbn.dropna(subset=["paper"])
         paper_best = paper_best.loc[paper_best.paper.idxmax()] if len(paper_best) else None
-        beats = "beats" if min(bbn_local, pfedbbn) > max(tent_local, tent_avg) else "does not beat"
+        margin = min(bbn_local, pfedbbn) - max(tent_local, tent_avg)
+        beats = "beats" if margin > 0 else "does not beat"
         text = (f"**{setting}**: Tent {_pair(table, 'None-Fed', 'Tent', setting)}, Tent + FedAvg "
                 f"{_pair(table, 'FedAvg', 'Tent', setting)}; BBN {_pair(table, 'None-Fed', 'BBN', setting)}, "
                 f"BBN + pFedBBN {_pair(table, 'pFedBBN', 'BBN', setting)}; the source model {source:.2f} (BBN "
                 f"{bbn_local - source:+.2f} from it). "
-                f"BBN/pFedBBN {beats} Tent/Tent + FedAvg here ({min(bbn_local, pfedbbn) - max(tent_local, tent_avg):+.2f}"
+                f"BBN/pFedBBN {beats} Tent/Tent + FedAvg here ({margin:+.2f}"
                 " points, the worse of the two BBN rows against the better Tent row). "
                 f"BBN's best server is {best.strategy} ({best.ours:.2f})"
                 + (f"; the paper's is {paper_best.strategy} ({paper_best.paper:.2f})" if paper_best is not None else "")
