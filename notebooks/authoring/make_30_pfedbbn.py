@@ -261,7 +261,12 @@ else:
     w = stored["pfedbbn"].collaboration
     steps = sorted({0, len(w) // 3, 2 * len(w) // 3, len(w) - 1})
     plots.collaboration_snapshots(w, steps)
-    display(imbalance.same_domain_weight(w, fig5_cfg).round(3))
+    shares = imbalance.same_domain_weight(w, fig5_cfg)
+    display(shares.round(3))
+    print(f"mean over clients: self {shares['self'].mean():.3f}, same corruption {shares['same domain'].mean():.3f} "
+          f"(uniform mixing would give {shares['uniform same-domain'].mean():.3f}), other corruptions "
+          f"{shares['other domains'].mean():.3f}: a self weight near 1 means pFedBBN mixes little, i.e. behaves "
+          "like BBN alone")
 """),
     ("md", """
 ## CIFAR-100-C
@@ -309,16 +314,17 @@ from IPython.display import Markdown
 Markdown(imbalance.imbalance_reading(table1))
 """),
     ("md", """
-What explains the numbers (the same for any run of this notebook):
-- **Label skew is what breaks Tent**, not federation: entropy minimisation on batches of one or two classes pushes
-  every prediction towards those classes, and a server that averages such clients cannot undo it. CoTTA and ROID
-  behave like Tent; RoTTA's category-balanced memory and BBN's class-balanced statistics keep the source model's
-  accuracy or improve on it. How far each falls is in the table; `class_macro` shows the same on the classes.
+How to read these numbers (mechanisms and caveats; the numbers themselves are in the tables and the reading above):
+- **Label skew, not federation, is what breaks entropy minimisation**: on batches of one or two classes Tent (and
+  CoTTA and ROID, which share its objective) pushes every prediction towards those classes, and a server that
+  averages such clients cannot undo it. RoTTA's category-balanced memory and BBN's class-balanced statistics are the
+  two mechanisms built against it; compare their None-Fed rows with Tent's across the alpha columns, and
+  `class_macro` for the same on the classes.
 - **The source model is the bar under skew.** With one class per client, BBN's gain over the source model is what
   the method adds; compare the two in the reading above before reading gains over Tent as gains of BBN.
-- **FedAvgM** (server momentum on the mixed state) falls far below the other servers for RoTTA and BBN, whose mixed
-  state includes normalisation statistics; we have not isolated why (momentum applied to running statistics is our
-  suspect). The paper has no FedAvgM row for BBN.
+- **FedAvgM** applies server momentum to the whole mixed state, which for RoTTA and BBN includes normalisation
+  statistics; where its rows fall far below the other servers (listed in the reading above), that is our suspect,
+  not isolated. The paper has no FedAvgM row for BBN.
 - **Per class** (Table 3 shape), a class seen by no client has no accuracy; the paper's `Avg` counts it as 0.
 - **Major vs minor** (Fig 4): with one or two classes per client, the minor class has very few samples, so its
   accuracy is noisy per client; the mean over clients is the stable number.
