@@ -13,8 +13,6 @@ one run. Absolute numbers depend on the machine and its load; compare ratios and
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shlex
 import sys
 import time
@@ -30,6 +28,7 @@ from ftta_core.server_cost import peak_allocation, tensor_bytes
 from ftta_core.stream import StreamBatch
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local
+from results_io import device_name, write_results
 
 CASES = {
     "TTA-bn": ("bn", {}),
@@ -133,15 +132,11 @@ def main() -> None:
                   f"{row['vectorized']['peak_bytes'] / 2**20:9.1f} MB"
                   + (f"  loop {loop['steps_per_s']:8.2f} steps/s" if loop else ""), flush=True)
     kind = device.split(":")[0]
-    device_name = torch.cuda.get_device_name(0) if kind == "cuda" else platform.processor() or "cpu"
     result = {"command": "python benchmarks/client_scaling.py " + shlex.join(sys.argv[1:]), "device": kind,
-              "device_name": device_name, "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "device_name": device_name(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "batch": args.batch, "steps": args.steps, "loop_max": args.loop_max,
               "rows": rows}
-    out = args.out or Path(__file__).parent / "results" / f"client_scaling_{kind}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_results(result, "client_scaling", device, markdown(result), args.out)
 
 
 if __name__ == "__main__":

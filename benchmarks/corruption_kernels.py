@@ -23,9 +23,7 @@ Writes benchmarks/results/corruption_kernels_<device>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -44,6 +42,7 @@ from ftta_core.data.root import DatasetNotFoundError
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 import corruption_reference as ref  # noqa: E402
+from results_io import device_name, write_results  # noqa: E402
 
 SEED = 0  # corrupt(..., seed=image_seeds(SEED, n)); the synthetic images use the same seed
 WARMUP_IMAGES = 4
@@ -182,16 +181,12 @@ def main() -> None:
     total = total_row(rows, len(images))
     print(f"{'total':18s} ours {total['ours_images_per_s']:8.0f} img/s   reference "
           f"{total['reference_images_per_s']:8.0f} img/s   speed-up {total['speedup']:6.2f}x", flush=True)
-    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"
-    result = {"command": command_line(), "device": args.device, "device_name": device_name,
+    result = {"command": command_line(), "device": args.device, "device_name": device_name(args.device),
               "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "images": len(images), "images_source": source,
               "severity": args.severity, "repeats": args.repeats, "seed": SEED,
               "reference_time_includes_draw": False, "ours_time_includes_draw": True, "rows": rows, "total": total}
-    out = args.out or REPO / "benchmarks" / "results" / f"corruption_kernels_{args.device.split(':')[0]}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_results(result, "corruption_kernels", args.device, markdown(result), args.out)
 
 
 if __name__ == "__main__":

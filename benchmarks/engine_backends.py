@@ -10,8 +10,6 @@ what we compare; absolute numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from ftta_core.models import build_model
 from ftta_core.stream import StreamBatch
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local
+from results_io import device_name, write_results
 
 CASES = {
     "TTA-bn": ("bn", {}),
@@ -77,19 +76,16 @@ def main() -> None:
                      "ratio": round(vec / loop, 2)})
         print(f"{name:20s} loop {loop:7.2f} steps/s   vectorized {vec:7.2f} steps/s   ratio {vec / loop:5.2f}x",
               flush=True)
-    device_name = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else platform.processor() or "cpu"
-    result = {"device": args.device, "device_name": device_name, "threads": torch.get_num_threads(),
+    name = device_name(args.device)
+    result = {"device": args.device, "device_name": name, "threads": torch.get_num_threads(),
               "clients": args.clients, "batch": args.batch, "steps": args.steps, "torch": torch.__version__,
               "rows": rows}
-    out = args.out or Path(__file__).parent / "results" / f"engine_backends_{args.device.split(':')[0]}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
     md = [f"Measured with `python benchmarks/engine_backends.py --device {args.device} --steps {args.steps}` on "
-          f"{device_name} ({result['threads']} threads), torch {torch.__version__}; {args.clients} clients x batch "
+          f"{name} ({result['threads']} threads), torch {torch.__version__}; {args.clients} clients x batch "
           f"{args.batch}, ResNet-8, FedAvg.", "", "| case | loop steps/s | vectorized steps/s | vectorized / loop |",
           "|---|---|---|---|"]
     md += [f"| {r['case']} | {r['loop_steps_per_s']} | {r['vectorized_steps_per_s']} | {r['ratio']}x |" for r in rows]
-    out.with_suffix(".md").write_text("\n".join(md) + "\n")
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+    write_results(result, "engine_backends", args.device, "\n".join(md) + "\n", args.out)
 
 
 if __name__ == "__main__":

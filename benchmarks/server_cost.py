@@ -12,8 +12,6 @@ Writes benchmarks/results/server_cost_<device>.{json,md}.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shlex
 import sys
 import time
@@ -28,6 +26,7 @@ from ftta_core.server_cost import (bn_state_shapes, extrapolate_linear, fill_ind
                                    model_dims, peak_allocation, probe_forward_cost, server_round, summarize_rounds,
                                    synthetic_inputs, upload_bytes, upload_shapes)
 from ftta_core.strategies import Strategy, build_strategy
+from results_io import device_name, write_results
 
 # label -> (registry name, parameters); FedTSA at its defaults (T = 10, 100 server steps per round)
 STRATEGIES = {"FedAvg": ("fedavg", {}), "FedCTTA": ("fedctta", {}), "FedCTTA (EMA 0.9)": ("fedctta", {"ema": 0.9}),
@@ -197,9 +196,8 @@ def main() -> None:
     for r in probes:
         print(f"probe forward N={r['clients']}: {r['seconds']:.3f} s", flush=True)
     points = {r["clients"]: r["seconds"] for r in probes}
-    device_name = torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu"
     result = {"command": "python benchmarks/server_cost.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-              "device": device, "device_name": device_name, "threads": torch.get_num_threads(),
+              "device": device, "device_name": device_name(device), "threads": torch.get_num_threads(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "model": dims,
               "peak_server_steps": args.peak_steps, "large_steps": args.large_steps, "large_from": args.large_from,
               "scaling": scaling, "over_rounds_clients": args.rounds_clients, "over_rounds_rounds": args.rounds,
@@ -208,10 +206,8 @@ def main() -> None:
               "probe_forward_extrapolated": {str(n): extrapolate_linear(points, n) for n in (100, 1000)
                                              if n > max(points)},
               "wall_s": round(time.perf_counter() - t_start, 1)}
-    out = args.out or Path(__file__).parent / "results" / f"server_cost_{device.split(':')[0]}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(result))
-    print(f"wrote {out} and {out.with_suffix('.md')} ({result['wall_s']} s)")
+    write_results(result, "server_cost", device, markdown(result), args.out, indent=1)
+    print(f"({result['wall_s']} s)")
 
 
 if __name__ == "__main__":
