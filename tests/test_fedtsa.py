@@ -420,3 +420,42 @@ def test_predrawn_bernoulli_uniforms_give_the_masks_of_drawing_each_iteration():
         assert torch.equal(sample_temporal_mask(temporal_att[it], None, uniform=temporal_u[it]), expected_t)
         assert torch.equal(sample_spatial_mask(spatial_att[it], current, None, uniform=spatial_u[it]), expected_s)
     assert bernoulli_uniforms(2, n, t, False, torch.Generator().manual_seed(7))[0] is None
+
+
+def test_block_heads_are_views_of_one_fused_weight_reset_to_identity():
+    block = TSBlock(4, bias=True)
+    assert block.heads == ("temporal_query", "temporal_key", "spatial_query", "spatial_key")
+    assert [n for n, _ in block.named_parameters()] == ["qk_weight", "qk_bias"]
+    with torch.no_grad():
+        block.qk_weight.add_(1.0)
+        block.qk_bias.add_(1.0)
+    assert torch.equal(block.head_weight("spatial_key"), torch.eye(4) + 1)
+    block.reset_parameters()
+    fresh = TSBlock(4, bias=True)
+    assert all(torch.equal(a, b) for a, b in zip(block.parameters(), fresh.parameters()))
+    with pytest.raises(KeyError, match="temporal_query"):
+        TSBlock(4, temporal=False).head_weight("temporal_query")
+
+
+def test_block_loads_a_state_saved_with_one_linear_per_head():
+    """Blocks saved before the heads were fused (``spatial_query.weight``, ...) still load, in head order."""
+    heads = {h: torch.full((3, 3), float(i)) for i, h in enumerate(("temporal_query", "temporal_key",
+                                                                    "spatial_query", "spatial_key"))}
+    state = {f"{h}.weight": w for h, w in heads.items()}
+    block = TSBlock(3)
+    block.load_state_dict(state)
+    for h, w in heads.items():
+        assert torch.equal(block.head_weight(h), w)
+
+
+def test_each_round_starts_from_the_identity_block_unless_warm_start():
+    """The strategy keeps one block object; without warm_start a round trains it from the identity again, so
+    round r's W does not depend on earlier rounds' training (same W as a strategy that only saw round r's window)."""
+    a = build_strategy("fedtsa", server_steps=4, window=2)
+    a.reset(6)
+    w_a = run_strategy(a, range(3))[-1]
+    b = build_strategy("fedtsa", server_steps=4, window=2)
+    b.reset(6)
+    b.memory.push(1, indicators(1))
+    w_b = b.collaboration(inputs_for(2, indicators(2)))
+    assert torch.equal(w_a, w_b)

@@ -195,7 +195,7 @@ class FedTSA(Strategy):
         self.mask_mode, self.select, self.graph_on, self.bias = mask_mode, select, graph_on, bias
         self.warm_start, self.seed = warm_start, int(seed)
         self.memory = IndicatorMemory(self.window)
-        self.block: Optional[TSBlock] = None  # kept between rounds only with warm_start
+        self.block: Optional[TSBlock] = None  # one block object, re-initialised each round unless warm_start
         self.last_diagnostics: Optional[FedTSADiagnostics] = None
 
     # ------------------------------------------------------------------ engine interface
@@ -228,15 +228,34 @@ class FedTSA(Strategy):
 
     # ------------------------------------------------------------------ the server round
 
-    def _new_block(self, dim: int) -> TSBlock:
-        if self.warm_start and self.block is not None and self.block.dim == dim:
-            return self.block
-        block = TSBlock(dim, temporal=self.temporal, bias=self.bias)
-        if self.warm_start:
-            self.block = block
+    def _new_block(self, dim: int, device: torch.device) -> TSBlock:
+        """This round's block: last round's with ``warm_start``, else the same object reset to the identity (a fresh
+        block's values, without a new module and optimiser-visible parameters each round)."""
+        block = self.block
+        if block is None or block.dim != dim or block.qk_weight.device != torch.device(device):
+            self.block = block = TSBlock(dim, temporal=self.temporal, bias=self.bias).to(device)
+        elif not self.warm_start:
+            block.reset_parameters()
         return block
 
-    def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: torch.Generator,
+    def _iteration(self, block: TSBlock, x: torch.Tensor, indicator_mask: torch.Tensor,
+                   generator: Optional[torch.Generator], temporal_u: Optional[torch.Tensor],
+                   spatial_u: Optional[torch.Tensor]):
+        """One server iteration's forward: the plain pass, the masks and the augmented pass, and L_tsa (Eq. 18).
+        Returns (loss, regularization, robustness, plain pass output, masks (M^cur, M^tem, M^spa))."""
+        out = block(x)
+        loss_reg = F.mse_loss(out.output, x)
+        loss_rob = torch.zeros((), device=x.device)
+        masks = (indicator_mask, None, None)
+        lam = self.lam if self.augment else 0.0
+        if lam > 0:
+            masks = self._masks(out, indicator_mask, generator, (temporal_u, spatial_u))
+            aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
+                        projections=out.projections)
+            loss_rob = F.mse_loss(out.output, aug.output)
+        return loss_reg + lam * loss_rob, loss_reg, loss_rob, out, masks
+
+    def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: Optional[torch.Generator],
                uniforms: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)):
         """M^cur, M^tem, M^spa for the augmented pass, from this iteration's (detached) unmasked attention;
         ``indicator_mask`` is M^cur of the raw current indicators (it does not change between iterations);
@@ -253,7 +272,7 @@ class FedTSA(Strategy):
 
     def _train_block(self, x: torch.Tensor, generator: torch.Generator) -> FedTSADiagnostics:
         """Train a TS-Block on X [T', N, D] and return W (the diagnostics carry it and the internals)."""
-        block = self._new_block(x.shape[-1]).to(x.device)
+        block = self._new_block(x.shape[-1], x.device)
         lam = self.lam if self.augment else 0.0
         steps = self.server_steps if self.trained else 0
         losses = np.zeros((3, steps))
@@ -267,28 +286,21 @@ class FedTSA(Strategy):
         predrawn = lam > 0 and self.augmentation == "bernoulli"
         temporal_u, spatial_u = (bernoulli_uniforms(steps, x.shape[1], x.shape[0], self.temporal, generator, x.device)
                                  if predrawn else (None, None))
-        loss_log = torch.zeros((3, steps), device=x.device)
+        loss_log = []  # per iteration: (loss, regularization, robustness), kept on the device
         for it in range(steps):
-            out = block(x)
-            loss_reg = F.mse_loss(out.output, x)
-            loss_rob = torch.zeros((), device=x.device)
-            if lam > 0:
-                uniforms = (None if temporal_u is None else temporal_u[it], spatial_u[it]) if predrawn else (None, None)
-                masks = self._masks(out, indicator_mask, generator, uniforms)
-                aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
-                            projections=out.projections)
-                loss_rob = F.mse_loss(out.output, aug.output)
-            loss = loss_reg + lam * loss_rob
-            loss_log[:, it] = torch.stack([loss, loss_reg, loss_rob]).detach()
+            loss, loss_reg, loss_rob, out, masks = self._iteration(
+                block, x, indicator_mask, None if predrawn else generator,
+                None if temporal_u is None else temporal_u[it], None if spatial_u is None else spatial_u[it])
+            loss_log.append(torch.stack([loss, loss_reg, loss_rob]).detach())
             if self.select == "best":
-                losses[:, it] = loss_log[:, it].tolist()  # 'best' reads the loss: one host sync per iteration
+                losses[:, it] = loss_log[-1].tolist()  # 'best' reads the loss: one host sync per iteration
                 if losses[0, it] < selected[0]:
                     selected = (losses[0, it], detached_attention(out), it)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         if steps:
-            losses = loss_log.cpu().double().numpy()
+            losses = torch.stack(loss_log, dim=1).cpu().double().numpy()
         if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now
             with torch.no_grad():
                 selected = (float("nan"), detached_attention(block(x)), -1)
@@ -302,13 +314,15 @@ class FedTSA(Strategy):
 
     def state_dict(self) -> dict:
         """The memory bank (and the block with ``warm_start``); random draws derive from (seed, step), nothing else."""
+        keep = self.warm_start and self.block is not None
         return {"memory": self.memory.state_dict(),
-                "block": None if self.block is None else {k: v.clone() for k, v in self.block.state_dict().items()}}
+                "block": {k: v.clone() for k, v in self.block.state_dict().items()} if keep else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.memory.load_state_dict(state["memory"])
         self.block = None
         if state.get("block") is not None:
-            dim = state["block"]["spatial_query.weight"].shape[0]
+            saved = state["block"]
+            dim = (saved["qk_weight"] if "qk_weight" in saved else saved["spatial_query.weight"]).shape[1]
             self.block = TSBlock(dim, temporal=self.temporal, bias=self.bias)
             self.block.load_state_dict(state["block"])

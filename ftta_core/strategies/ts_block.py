@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 MASK_MODES = ("exclude", "hadamard")
+TEMPORAL_HEADS = ("temporal_query", "temporal_key")
+SPATIAL_HEADS = ("spatial_query", "spatial_key")
 AUGMENTATIONS = ("bernoulli", "count")
 
 
@@ -28,16 +30,6 @@ class TSBlockOutput:
     temporal_attention: Optional[torch.Tensor]  # softmax(A^(T) (masked)) [N, T, T]
     spatial_attention: torch.Tensor  # softmax(A^(S) (masked)) [T, N, N]
     projections: Optional["TSProjections"] = None  # the Q/K projections of X this pass used
-
-
-def identity_linear(dim: int, bias: bool) -> nn.Linear:
-    """A ``Linear(dim, dim)`` initialised to the identity map (zero bias)."""
-    layer = nn.Linear(dim, dim, bias=bias)
-    with torch.no_grad():
-        layer.weight.copy_(torch.eye(dim))
-        if layer.bias is not None:
-            layer.bias.zero_()
-    return layer
 
 
 def masked_softmax(scores: torch.Tensor, mask: Optional[torch.Tensor], mode: str = "exclude") -> torch.Tensor:
@@ -71,34 +63,52 @@ class TSProjections:
 class TSBlock(nn.Module):
     """Temporal self-attention per client (Eqs. 9-11), then spatial self-attention per step (Eqs. 12-14).
 
-    Q and K are learnable ``Linear(D, D)`` initialised to the identity; V is the identity and stays fixed (the
+    Q and K are learnable ``Linear(D, D)`` maps initialised to the identity; V is the identity and stays fixed (the
     code's frozen ``fc_v``/``geo_v``), so values are the inputs themselves. ``temporal=False`` drops the temporal
     module (ablation 'w/o time': X_TA = X). ``bias`` adds learnable Q/K biases (the code has them, the paper not).
 
-    Cost: all projections are linear in X and the attention mixes rows with weights summing to one, so the block
-    projects X once, its 2 (or 4) Q/K weights concatenated into one matmul, and mixes projected rows after that
-    (``TSProjections``). It is the same function as projecting X_TA (equal up to float reassociation), with a third
-    of the matmul work for a plain plus an augmented pass, forward and backward.
+    Storage and cost: the Q/K weights are one parameter ``qk_weight`` [H*D, D] (H = 4 heads, in the order temporal
+    Q, temporal K, spatial Q, spatial K; H = 2 without the temporal module), so the block projects X with one matmul
+    and no per-pass concatenation, and its optimiser updates one tensor (Adam is element-wise: the same update as
+    four separate weights). ``head_weight(name)`` gives one head's [D, D] view. All projections are linear in X and
+    the attention mixes rows with weights summing to one, so the block projects X once and mixes projected rows
+    after that (``TSProjections``): the same function as projecting X_TA (equal up to float reassociation), with a
+    third of the matmul work for a plain plus an augmented pass, forward and backward.
     """
 
     def __init__(self, dim: int, temporal: bool = True, bias: bool = False) -> None:
         super().__init__()
         self.dim, self.temporal = dim, temporal
-        if temporal:
-            self.temporal_query = identity_linear(dim, bias)
-            self.temporal_key = identity_linear(dim, bias)
-        self.spatial_query = identity_linear(dim, bias)
-        self.spatial_key = identity_linear(dim, bias)
+        self.heads = (TEMPORAL_HEADS if temporal else ()) + SPATIAL_HEADS
+        self.qk_weight = nn.Parameter(torch.eye(dim).repeat(len(self.heads), 1))
+        self.qk_bias = nn.Parameter(torch.zeros(len(self.heads) * dim)) if bias else None
+
+    def reset_parameters(self) -> None:
+        """Back to the identity initialisation (in place, so a compiled caller keeps seeing the same module)."""
+        with torch.no_grad():
+            self.qk_weight.copy_(torch.eye(self.dim, device=self.qk_weight.device).repeat(len(self.heads), 1))
+            if self.qk_bias is not None:
+                self.qk_bias.zero_()
+
+    def head_weight(self, name: str) -> torch.Tensor:
+        """The [D, D] weight of one Q/K head (``HEADS``: 'temporal_query', ..., 'spatial_key'), a view."""
+        if name not in self.heads:
+            raise KeyError(f"unknown head {name!r}; this block has {self.heads}")
+        i = self.heads.index(name)
+        return self.qk_weight[i * self.dim:(i + 1) * self.dim]
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[override]
+        """Also load blocks saved with one ``Linear`` per head (``spatial_query.weight``, ...; before the fusion)."""
+        if prefix + "qk_weight" not in state_dict and prefix + f"{self.heads[0]}.weight" in state_dict:
+            state_dict[prefix + "qk_weight"] = torch.cat([state_dict.pop(prefix + f"{h}.weight") for h in self.heads])
+            if prefix + f"{self.heads[0]}.bias" in state_dict:
+                state_dict[prefix + "qk_bias"] = torch.cat([state_dict.pop(prefix + f"{h}.bias") for h in self.heads])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def project(self, x: torch.Tensor) -> TSProjections:
         """All Q/K projections of X [T, N, D] in one matmul, client-major."""
-        heads = [self.spatial_query, self.spatial_key]
-        if self.temporal:
-            heads = [self.temporal_query, self.temporal_key] + heads
-        weight = torch.cat([m.weight for m in heads])
-        bias = None if heads[0].bias is None else torch.cat([m.bias for m in heads])
         values = x.transpose(0, 1).contiguous()  # [N, T, D]
-        proj = F.linear(values, weight, bias)
+        proj = F.linear(values, self.qk_weight, self.qk_bias)
         if self.temporal:  # split (not slicing): its backward is one concatenation, not zero-filled copies
             query, key, spatial = proj.split([self.dim, self.dim, 2 * self.dim], dim=-1)
             return TSProjections(values, query, key, spatial)
@@ -108,10 +118,6 @@ class TSBlock(nn.Module):
         """A^(T)_i = Q_i K_i^T / sqrt(D) for every client i (Eq. 10): [T, N, D] -> [N, T, T]."""
         p = self.project(x) if projections is None else projections
         return p.temporal_query @ p.temporal_key.transpose(1, 2) / math.sqrt(self.dim)
-
-    def spatial_scores(self, x_ta: torch.Tensor) -> torch.Tensor:
-        """A^(S)_t = Q_t K_t^T / sqrt(D) for every step t (Eq. 13): [T, N, D] -> [T, N, N]."""
-        return self.spatial_query(x_ta) @ self.spatial_key(x_ta).transpose(1, 2) / math.sqrt(self.dim)
 
     def forward(self, x: torch.Tensor, temporal_mask: Optional[torch.Tensor] = None,
                 spatial_mask: Optional[torch.Tensor] = None, mask_mode: str = "exclude",
