@@ -162,9 +162,38 @@ UNREAD_OUTSIDE_HETEROGENEITY = ("sh", "th", "n_steps")
 LATER_FIELDS = {"participation": 1.0}
 
 
+def explicit_strategy_params(strategy: str, params: Dict[str, Any]) -> Dict[str, Any]:
+    """``params`` without the entries equal to the strategy's own defaults (``{"window": 10}`` for FedTSA is ``{}``),
+    so a sweep that names the default value finds the run stored without it. ``seed`` is always kept: left out, the
+    run's seed fills it (``strategy_params``), so an explicit ``seed`` is not a default."""
+    import inspect
+
+    from .strategies import STRATEGIES
+
+    if strategy not in STRATEGIES:
+        return dict(params)
+    signature = inspect.signature(STRATEGIES[strategy]).parameters
+    return {k: v for k, v in params.items()
+            if k == "seed" or k not in signature or signature[k].default is inspect.Parameter.empty
+            or not _same_value(signature[k].default, v)}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """``a == b`` for plain values (bool and numbers kept apart: ``True`` is not ``1``)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    try:
+        return bool(a == b)
+    except Exception:  # e.g. arrays: never treated as a default
+        return False
+
+
 def identity_of(config: Dict[str, Any]) -> Dict[str, Any]:
-    """``ExperimentConfig.identity`` of a stored config dict (e.g. a summary's ``config``)."""
+    """``ExperimentConfig.identity`` of a stored config dict (e.g. a summary's ``config``): strategy parameters
+    at the strategy's defaults are left out (``explicit_strategy_params``)."""
     out = {k: v for k, v in config.items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+    if out.get("strategy_params"):
+        out["strategy_params"] = explicit_strategy_params(out["strategy"], out["strategy_params"])
     if config.get("scenario") == "heterogeneity":
         return out
     return {k: v for k, v in out.items() if k not in UNREAD_OUTSIDE_HETEROGENEITY}

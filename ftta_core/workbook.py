@@ -20,15 +20,25 @@ def config_key(cfg: ExperimentConfig) -> str:
     return hashlib.sha1(json.dumps(cfg.identity(), sort_keys=True).encode()).hexdigest()[:16]
 
 
+def stored_path(cfg: ExperimentConfig, results_dir: Optional[Path], also_read: Sequence[Path] = ()) -> Optional[Path]:
+    """Where ``cfg``'s stored summary is: under ``results_dir``, else in the first of ``also_read`` that has it;
+    None if nowhere."""
+    name = f"{config_key(cfg)}.json"
+    folders = ([] if results_dir is None else [Path(results_dir)]) + [Path(f) for f in also_read]
+    return next((f / name for f in folders if (f / name).exists()), None)
+
+
 def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
              results_dir: Optional[Path] = None, progress: bool = True, keep: bool = False,
-             only_cached: bool = False) -> pd.DataFrame:
+             only_cached: bool = False, also_read: Sequence[Path] = ()) -> pd.DataFrame:
     """Run every variant (name -> config overrides) for every seed; one row per run.
 
     With ``results_dir`` each finished run's summary is stored under its config hash, so an interrupted grid
     resumes where it stopped and a rerun with the same configs reads the stored numbers.
+    ``also_read``: more folders of stored runs, read (never written) when ``results_dir`` lacks a run, e.g. the
+    Table 1 runs that an ablation grid's default variant equals.
     With ``keep`` the full ``Results`` of each run are attached as ``grid.attrs['results'][(name, seed)]``.
-    With ``only_cached`` nothing runs: the table holds the runs already stored under ``results_dir``.
+    With ``only_cached`` nothing runs: the table holds the runs already stored.
     """
     rows, kept = [], {}
     jobs = [(name, seed) for name in variants for seed in seeds]
@@ -39,8 +49,9 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
     for name, seed in iterator:
         cfg = dataclasses.replace(base, **dict(variants[name]), seed=seed)
         path = Path(results_dir) / f"{config_key(cfg)}.json" if results_dir is not None else None
-        if path is not None and path.exists() and not keep:
-            summary = json.loads(path.read_text())
+        found = stored_path(cfg, results_dir, also_read)
+        if found is not None and not keep:
+            summary = json.loads(found.read_text())
         elif only_cached:
             continue
         elif path is not None and plan_file() is not None:  # planning: record the run, run nothing

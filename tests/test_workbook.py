@@ -127,3 +127,40 @@ def test_stateless_tta_bn_strategies_cannot_see_temporal_heterogeneity():
     for stateless in ("local", "fedavg", "fedamp"):
         assert by_th.loc[stateless, 0.25] == by_th.loc[stateless, 0.5]
     assert by_th.loc["pfedgraph", 0.25] != by_th.loc["pfedgraph", 0.5]
+
+
+def test_cache_key_leaves_out_strategy_params_at_the_strategys_defaults():
+    """A sweep naming FedTSA's default window (10) or lambda (1) finds the run stored with no parameters; any other
+    value, and an explicit seed (the run's seed fills it otherwise), is a different run."""
+    import dataclasses
+
+    from ftta_core.experiment import ExperimentConfig, explicit_strategy_params
+    from ftta_core.workbook import config_key
+
+    base = ExperimentConfig(scenario="fedtsa_niid", strategy="fedtsa")
+    for same in ({"window": 10}, {"lam": 1}, {"lam": 1.0, "window": 10, "augmentation": "bernoulli"}):
+        assert config_key(dataclasses.replace(base, strategy_params=same)) == config_key(base)
+    for other in ({"window": 5}, {"lam": 0.0}, {"seed": 0}, {"bias": 0}):
+        assert config_key(dataclasses.replace(base, strategy_params=other)) != config_key(base)
+    assert explicit_strategy_params("fedtsa", {"window": 10, "lam": 2.0}) == {"lam": 2.0}
+    assert explicit_strategy_params("no-such-strategy", {"window": 10}) == {"window": 10}
+
+
+def test_run_grid_reads_runs_stored_in_also_read_folders_and_never_writes_there(tmp_path):
+    import json
+
+    from ftta_core.experiment import ExperimentConfig
+    from ftta_core.workbook import config_key, run_grid
+
+    base = ExperimentConfig(scenario="fedtsa_niid", strategy="fedavg")
+    elsewhere, here = tmp_path / "table1", tmp_path / "ablations"
+    elsewhere.mkdir()
+    here.mkdir()
+    stored = dict(accuracy=61.5, config=base.to_dict())
+    (elsewhere / f"{config_key(base)}.json").write_text(json.dumps(stored))
+    variants = {"FedAvg": {"strategy": "fedavg"}, "Local": {"strategy": "local"}}
+    table = run_grid(base, variants, [0], results_dir=here, only_cached=True, progress=False,
+                     also_read=[elsewhere])
+    assert table.variant.tolist() == ["FedAvg"] and table.accuracy.tolist() == [61.5]
+    assert not any(here.iterdir())
+    assert run_grid(base, variants, [0], results_dir=here, only_cached=True, progress=False).empty

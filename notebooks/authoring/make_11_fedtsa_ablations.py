@@ -66,8 +66,10 @@ COMPARED = ["fedavg", "fedamp", "pfedgraph", "fedtsa"]
 
 
 def grid(cfg, variants):
-    \"\"\"One row per (variant, seed): stored runs are read back; with compute=False nothing new runs.\"\"\"
-    return run_grid(cfg, variants, seeds, results_dir=results_dir, only_cached=not compute, progress=False)
+    \"\"\"One row per (variant, seed): stored runs are read back (the variants equal to Table 1's FedTSA config, e.g.
+    T = 10 or lambda = 1, from Table 1's runs); with compute=False nothing new runs.\"\"\"
+    return run_grid(cfg, variants, seeds, results_dir=results_dir, only_cached=not compute, progress=False,
+                    also_read=[table1_runs])
 
 
 def strategy_grid(cfg, strategies):
