@@ -164,3 +164,18 @@ def test_run_grid_reads_runs_stored_in_also_read_folders_and_never_writes_there(
     assert table.variant.tolist() == ["FedAvg"] and table.accuracy.tolist() == [61.5]
     assert not any(here.iterdir())
     assert run_grid(base, variants, [0], results_dir=here, only_cached=True, progress=False).empty
+
+
+def test_sweep_reading_counts_wins_margins_and_gaps():
+    from ftta_core.workbook import sweep_reading
+
+    rows = [("fedtsa", 0.05, 70.0), ("fedavg", 0.05, 72.0), ("fedtsa", 0.2, 71.0), ("fedavg", 0.2, 69.5),
+            ("fedtsa", 0.5, 68.0), ("fedavg", 0.5, 66.0), ("fedtsa", 0.75, 66.0)]
+    table = pd.DataFrame([{"variant": v, "sh": x, "seed": 0, "accuracy": a} for v, x, a in rows])
+    text = sweep_reading(table, "sh", "fedtsa", {"fedtsa": "FedTSA", "fedavg": "FedAvg"})
+    assert "FedTSA is best at 2 of 3 points" in text
+    assert "from -2.00 to +2.00 points" in text
+    assert "0.05 (FedAvg, 2.00 ahead)" in text
+    assert "FedTSA 3.00, FedAvg 6.00" in text
+    assert "stored at SH = 0.75" in text
+    assert "No stored runs" in sweep_reading(table.iloc[:0], "sh", "fedtsa")

@@ -43,13 +43,14 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
+from IPython.display import Markdown
 
 from ftta_core import plots
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption
 from ftta_core.workbook import (heterogeneity_sweep, mean_std, per_domain_table, run_grid, stored_summaries,
-                               strategy_comparison)
+                               strategy_comparison, sweep_reading)
 
 smoke = smoke_mode(smoke)
 if smoke:
@@ -120,6 +121,7 @@ fig.savefig(Path(figure_dir) / f"fig4_robustness_{tta}.png", dpi=120, bbox_inche
 for table, field in ((fig4_sh, "sh"), (fig4_th, "th")):
     if not table.empty:
         display(table.groupby([field, "variant"]).accuracy.mean().unstack().round(2))
+    display(Markdown(sweep_reading(table, field, "fedtsa", METHOD_LABELS)))
 """),
     ("md", """
 ## Fig 7: memory length T and loss weight lambda (NIID)

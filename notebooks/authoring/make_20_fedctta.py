@@ -64,7 +64,7 @@ from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, per_domain_table, read_stored,
-                               stored_summaries)
+                               stored_summaries, sweep_reading)
 
 torch.set_num_threads(1)
 smoke = smoke_mode(smoke)
@@ -231,6 +231,8 @@ missing = [(field, value, s) for field, values in (("sh", sh_values), ("th", th_
            for s in FIG2 if fig2[field].empty
            or len(fig2[field].query(f"{field} == @value and variant == @s")) < len(sweep_seeds)]
 print(f"{len(missing)} (point, strategy) cells not stored for all of seeds {sweep_seeds}:", missing)
+for field, table in fig2.items():
+    display(Markdown(sweep_reading(table, field, "fedctta", METHOD_LABELS)))
 """),
     ("md", """
 ## Server cost: FedCTTA vs FedTSA (FedAvg as the floor)
