@@ -13,6 +13,7 @@ import pandas as pd
 
 from .experiment import ALL_CORRUPTIONS, ExperimentConfig, build_scenario
 from .paper import paper_table
+from .workbook import same_domain_weight  # noqa: F401  (notebook 30 reads it from here)
 
 TABLE1_METHODS = ("tent", "cotta", "roid", "rotta", "bbn")
 TABLE1_STRATEGIES = ("local", "fedavg", "fedprox", "fedavgm", "pfedgraph", "fedamp")
@@ -233,25 +234,6 @@ def per_domain_plot(table: pd.DataFrame, ax: Optional[plt.Axes] = None, title: s
     ax.set(ylabel="accuracy (%)", title=title)
     ax.legend(fontsize=7, ncol=2)
     return ax
-
-
-def same_domain_weight(weights: np.ndarray, cfg: ExperimentConfig) -> pd.DataFrame:
-    """How client i's weight in W [T, N, N] splits between itself, peers on the same domain at that step and the
-    others, averaged over steps (rows: clients); ``uniform same-domain`` is the share FedAvg would give them."""
-    scenario = build_scenario(cfg)
-    w = np.asarray(weights)
-    rows = []
-    for i in range(w.shape[1]):
-        same, uniform = [], []
-        for t in range(w.shape[0]):
-            dom = scenario.domains_at(t)
-            peers = (dom == dom[i]) & (np.arange(len(dom)) != i)
-            same.append(w[t, i, peers].sum())
-            uniform.append(peers.sum() / len(dom))
-        own = w[:, i, i].mean()
-        rows.append({"client": i, "self": own, "same domain": float(np.mean(same)),
-                     "other domains": float(1 - own - np.mean(same)), "uniform same-domain": float(np.mean(uniform))})
-    return pd.DataFrame(rows).set_index("client")
 
 
 def stored_runs(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path | str, compute: bool,

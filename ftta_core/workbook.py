@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .experiment import ExperimentConfig, Results, identity_of, run_experiment
+from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment
 from .plan import add_to_plan, plan_file, store_summary
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
@@ -293,6 +293,29 @@ def markdown_table(table: pd.DataFrame, digits: int = 2) -> str:
     cells = [[f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in row] for row in flat.itertuples(index=False)]
     lines = ["| " + " | ".join(map(str, flat.columns)) + " |", "|" + "---|" * len(flat.columns)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells]) + "\n"
+
+
+def same_domain_weight(weights: "np.ndarray", cfg: ExperimentConfig, steps: Optional[slice] = None) -> pd.DataFrame:
+    """How client i's weight in W [T, N, N] splits between itself, peers on the same domain at that step and the
+    others, averaged over ``steps`` (default: all; rows: clients); ``uniform same-domain`` is the share FedAvg
+    would give those peers. Domains come from ``cfg``'s scenario, step by step."""
+    import numpy as np
+
+    scenario = build_scenario(cfg)
+    w = np.asarray(weights)
+    chosen = range(w.shape[0])[steps] if steps is not None else range(w.shape[0])
+    rows = []
+    for i in range(w.shape[1]):
+        same, uniform = [], []
+        for t in chosen:
+            dom = scenario.domains_at(t)
+            peers = (dom == dom[i]) & (np.arange(len(dom)) != i)
+            same.append(w[t, i, peers].sum())
+            uniform.append(peers.sum() / len(dom))
+        own = float(np.mean([w[t, i, i] for t in chosen]))
+        rows.append({"client": i, "self": own, "same domain": float(np.mean(same)),
+                     "other domains": float(1 - own - np.mean(same)), "uniform same-domain": float(np.mean(uniform))})
+    return pd.DataFrame(rows).set_index("client")
 
 
 def group_weight_shares(weights: "np.ndarray", groups: Mapping[str, Sequence[int]] = CASE_STUDY_GROUPS,

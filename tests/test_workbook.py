@@ -179,3 +179,22 @@ def test_sweep_reading_counts_wins_margins_and_gaps():
     assert "FedTSA 3.00, FedAvg 6.00" in text
     assert "stored at SH = 0.75" in text
     assert "No stored runs" in sweep_reading(table.iloc[:0], "sh", "fedtsa")
+
+
+def test_same_domain_weight_reads_only_the_chosen_steps_with_their_domains():
+    import numpy as np
+
+    from ftta_core.experiment import build_scenario
+    from ftta_core.workbook import same_domain_weight
+
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="case_study", clients=10, batch_size=10,
+                           images_per_client=20, corruptions=["fog", "contrast", "frost", "glass_blur"])
+    scenario = build_scenario(cfg)
+    w = np.full((scenario.n_steps, 10, 10), 0.1)
+    w[2:4] = np.eye(10)  # the chosen steps: every client keeps its own model
+    kept = same_domain_weight(w, cfg, steps=slice(2, 4))
+    assert np.allclose(kept["self"], 1.0) and np.allclose(kept["same domain"], 0.0)
+    spread = same_domain_weight(w, cfg, steps=slice(0, 2))
+    assert np.allclose(spread["same domain"], spread["uniform same-domain"])
+    dom = scenario.domains_at(0)
+    assert np.isclose(spread.loc[0, "uniform same-domain"], ((dom == dom[0]).sum() - 1) / 10)

@@ -84,14 +84,14 @@ class TSBlock(nn.Module):
         self.qk_bias = nn.Parameter(torch.zeros(len(self.heads) * dim)) if bias else None
 
     def reset_parameters(self) -> None:
-        """Back to the identity initialisation (in place, so a compiled caller keeps seeing the same module)."""
+        """Back to the identity initialisation, in place (the module and its parameter objects stay the same)."""
         with torch.no_grad():
             self.qk_weight.copy_(torch.eye(self.dim, device=self.qk_weight.device).repeat(len(self.heads), 1))
             if self.qk_bias is not None:
                 self.qk_bias.zero_()
 
     def head_weight(self, name: str) -> torch.Tensor:
-        """The [D, D] weight of one Q/K head (``HEADS``: 'temporal_query', ..., 'spatial_key'), a view."""
+        """The [D, D] weight of one Q/K head (one of ``self.heads``: 'temporal_query', ..., 'spatial_key'), a view."""
         if name not in self.heads:
             raise KeyError(f"unknown head {name!r}; this block has {self.heads}")
         i = self.heads.index(name)

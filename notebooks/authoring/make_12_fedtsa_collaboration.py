@@ -35,8 +35,8 @@ from ftta_core import plots
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
-from ftta_core.workbook import (CASE_STUDY_ALL, case_study_domains, case_study_table, group_weight_shares,
-                                run_stored)
+from ftta_core.workbook import (CASE_STUDY_ALL, CASE_STUDY_GROUPS, case_study_domains, case_study_table,
+                                group_weight_shares, run_stored, same_domain_weight)
 
 smoke = smoke_mode(smoke)
 if smoke:
@@ -95,6 +95,19 @@ How each group splits its weight in that slot (self, the rest of its own group, 
     ("code", """
 shares = pd.concat({METHOD_LABELS.get(s, s): group_weight_shares(runs[s].collaboration, steps=window) for s in shown})
 shares.round(3)
+"""),
+    ("md", """
+The same slot by corruption rather than by group: the share of each group's weight on the clients that see **its own
+corruption** at that step (groups 1 and 3 share one in this slot), beside what uniform mixing (FedAvg) would give
+them, and the part kept on itself.
+"""),
+    ("code", """
+group_of = {c: g for g, clients in CASE_STUDY_GROUPS.items() for c in clients}
+same = pd.concat({METHOD_LABELS.get(s, s): same_domain_weight(runs[s].collaboration, cfg, steps=window) for s in shown})
+same = same.assign(**{"self + same domain": same["self"] + same["same domain"],
+                      "uniform (self + same domain)": same["uniform same-domain"] + 1 / cfg.clients})
+same.groupby([same.index.get_level_values(0), same.index.get_level_values(1).map(group_of)], sort=False)[
+    ["self", "self + same domain", "uniform (self + same domain)"]].mean().round(2)
 """),
     ("md", """
 ## Fig 6: client 1's collaboration over time
