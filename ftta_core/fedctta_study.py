@@ -328,10 +328,24 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
         if ("pFedGraph", "paper") in gain.index and ("pFedGraph", "ours") in gain.index:
             text += (f", and pFedGraph gains {gain[('pFedGraph', 'ours')]:.2f} here against "
                      f"{gain[('pFedGraph', 'paper')]:.2f} in the paper")
-        out.append(text + ".")
+        out.append(text + ". " + case_study_order(table3))
     if fig2 and any(len(t) for t in fig2.values()):
         out.append(heterogeneity_reading(fig2))
     return "\n\n".join(out)
+
+
+def case_study_order(table3: pd.DataFrame) -> str:
+    """The methods that both we and the paper ran, ranked by mean accuracy over the slots both have, ours beside the
+    paper's, and whether the two orders agree (``table3``: ``paper.beside_fedctta_table3``)."""
+    means = table3["mean (slots run)"].unstack("who")
+    both = means.dropna()
+    if len(both) < 2:
+        return "Too few methods are in both our case study and the paper's Table III to compare orders."
+    ranked = {who: " > ".join(f"{m} {both.loc[m, who]:.2f}" for m in both[who].sort_values(ascending=False).index)
+              for who in ("ours", "paper")}
+    same = list(both["ours"].sort_values().index) == list(both["paper"].sort_values().index)
+    return (f"Ranked by the mean over the slots: ours {ranked['ours']}; the paper's {ranked['paper']} "
+            f"({'the same order' if same else 'a different order'}).")
 
 
 def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:

@@ -114,6 +114,52 @@ def beside_fedtsa_table1(grid: pd.DataFrame, dataset: str, tta: str, methods: Se
     return out
 
 
+def _per_seed(grid: pd.DataFrame, strategy: str, tta: str) -> pd.Series:
+    """Accuracy per seed of ``strategy`` in ``grid`` (Local under TTA-bn falls back to any run's pre-mixing
+    accuracy, which is Local's: see ``beside_fedtsa_table1``)."""
+    runs = grid[grid.strategy == strategy].groupby("seed")["accuracy"].first()
+    if runs.empty and strategy == "local" and tta == "bn" and len(grid):
+        runs = grid.groupby("seed")["accuracy_local"].first()
+    return runs
+
+
+def fedtsa_claims_reading(grid: pd.DataFrame, tta: str, dataset: str = "cifar10", tie: float = 0.5) -> str:
+    """FedTSA's Table 1 claims checked on our runs of one TTA mode: in NIID it beats Local and FedAvg, in IID it
+    matches FedAvg. ``grid`` as for ``beside_fedtsa_table1``. Differences are paired by seed (a seed fixes the
+    stream): 'beats' when FedTSA is ahead at every common seed, 'behind' when it is behind at every one, else within
+    seed noise; 'matches' when the mean difference is at most ``tie`` points."""
+    paper = paper_table("fedtsa_table1")
+    paper = paper[(paper.dataset == dataset) & (paper.tta == tta)].set_index(["method", "setting"])["mean"]
+    parts = []
+    for setting, others in (("niid", ("local", "fedavg")), ("iid", ("fedavg",))):
+        g = grid[grid.setting == setting]
+        ours = _per_seed(g, "fedtsa", tta)
+        if ours.empty:
+            parts.append(f"{setting.upper()}: no FedTSA run stored yet.")
+            continue
+        said = []
+        for other in others:
+            theirs = _per_seed(g, other, tta)
+            seeds = ours.index.intersection(theirs.index)
+            if not len(seeds):
+                said.append(f"no {METHOD_LABELS[other]} run at FedTSA's seeds")
+                continue
+            d = ours[seeds] - theirs[seeds]
+            if setting == "iid":
+                verdict = (f"a match within {tie:g} points" if abs(d.mean()) <= tie else
+                           f"{'ahead' if d.mean() > 0 else 'behind'} by more than {tie:g} points")
+            else:
+                verdict = "ahead" if (d > 0).all() else "behind" if (d < 0).all() else "within seed noise"
+            spread = f" ± {d.std(ddof=1):.2f}" if len(d) > 1 else ""
+            said.append(f"{METHOD_LABELS[other]} {theirs[seeds].mean():.2f} ({d.mean():+.2f}{spread} over "
+                        f"{len(d)} paired seeds: {verdict})")
+        label = lambda m: f"{paper.get((m, setting), float('nan')):.2f}"  # noqa: E731
+        quoted = ", ".join(f"{METHOD_LABELS[m]} {label(METHOD_LABELS[m])}" for m in others)
+        parts.append(f"{setting.upper()}: FedTSA {ours.mean():.2f} against " + " and ".join(said) +
+                     f"; the paper: FedTSA {label('FedTSA')}, {quoted}.")
+    return f"**TTA-{tta}.** " + " ".join(parts)
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     """A compact markdown rendering: 'mean ± std' for ours and the paper, and the difference."""
     lines = ["| method | setting | ours (mean ± std, seeds) | paper (mean ± std) | ours − paper |", "|---|---|---|---|---|"]

@@ -302,15 +302,29 @@ def test_reading_states_the_computed_numbers():
     assert "75.00% against 60.00% for FedAvg (+15.00 points)" in text and "stays constant" in text
     assert "best at 10 (78.00%" in text and "500x FedCTTA" in text and "still open" in text
     assert "Table III" not in text
-    table3 = pd.DataFrame({"gain over No-Adapt": [0.0, 0.0, 7.0, 7.5, 8.0, 4.0]},
+    table3 = pd.DataFrame({"mean (slots run)": [60.0, 58.0, 67.0, 65.5, 68.0, 62.0, 69.0],
+                           "gain over No-Adapt": [0.0, 0.0, 7.0, 7.5, 8.0, 4.0, 9.0]},
                           index=pd.MultiIndex.from_tuples([("No-Adapt", "ours"), ("No-Adapt", "paper"),
                                                            ("FedCTTA", "ours"), ("FedCTTA", "paper"),
-                                                           ("pFedGraph", "ours"), ("pFedGraph", "paper")],
+                                                           ("pFedGraph", "ours"), ("pFedGraph", "paper"),
+                                                           ("FedTSA", "ours")],
                                                           names=["method", "who"]))
     text = reading({"Local": 74.0, "FedAvg": 60.0, "FedCTTA": 75.0}, shares, {"within": 2.0, "across": 5.0}, t4,
                    {"Local": 74.0, "FedAvg": 73.5}, interval, temperature, batch, cost, pd.DataFrame(), rounds, table3)
-    assert "FedCTTA gains 7.00 points here and 7.50 in the paper; the best of ours is pFedGraph (8.00)" in text
+    assert "FedCTTA gains 7.00 points here and 7.50 in the paper; the best of ours is FedTSA (9.00)" in text
     assert "pFedGraph gains 8.00 here against 4.00 in the paper" in text
+    # FedTSA has no paper row here, so the orders compare the three methods both have
+    assert ("ours pFedGraph 68.00 > FedCTTA 67.00 > No-Adapt 60.00; the paper's FedCTTA 65.50 > pFedGraph 62.00 > "
+            "No-Adapt 58.00 (a different order)") in text
+
+
+def test_case_study_order_says_when_the_orders_agree():
+    from ftta_core.fedctta_study import case_study_order
+
+    index = pd.MultiIndex.from_product([["No-Adapt", "FedCTTA", "FedTSA"], ["ours", "paper"]], names=["method", "who"])
+    table3 = pd.DataFrame({"mean (slots run)": [60.0, 58.0, 70.0, 65.7, 69.0, 64.0]}, index=index)
+    assert case_study_order(table3).endswith("(the same order).")
+    assert "Too few methods" in case_study_order(table3.iloc[:2])
 
 
 def test_heterogeneity_reading_states_drops_and_where_fedctta_is_best():

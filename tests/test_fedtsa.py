@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -270,6 +271,17 @@ def test_training_lowers_the_loss_and_diagnostics_stay_bounded():
     assert (s.last_diagnostics.loss_robustness == 0).all()
 
 
+def test_lambda_zero_is_the_without_augmentation_variant():
+    """Fig 7's lambda = 0 point is read from the `w/o aug` run (notebook 11): the two must be the same computation."""
+    runs = [build_strategy("fedtsa", server_steps=8, **kw) for kw in ({"lam": 0.0}, {"variant": "w/o aug"})]
+    for s in runs:
+        s.reset(6)
+    for t in range(4):
+        w = [s.collaboration(inputs_for(t, indicators(t, 6, 8))) for s in runs]
+        assert torch.equal(w[0], w[1])
+        assert np.array_equal(runs[0].last_diagnostics.loss, runs[1].last_diagnostics.loss)
+
+
 # ---------------------------------------------------------------- memory bank
 
 
@@ -459,3 +471,23 @@ def test_each_round_starts_from_the_identity_block_unless_warm_start():
     b.memory.push(1, indicators(1))
     w_b = b.collaboration(inputs_for(2, indicators(2)))
     assert torch.equal(w_a, w_b)
+
+
+def test_claims_reading_pairs_seeds_and_names_each_verdict():
+    """Notebook 10's reading of Table 1: NIID 'ahead' only when FedTSA leads at every paired seed; IID a match
+    within the tolerance; a missing FedTSA row is said, not guessed."""
+    from ftta_core.paper import fedtsa_claims_reading
+
+    rows = []
+    for seed in range(3):
+        for setting, tsa, avg in (("niid", 72.0 + 0.1 * seed, 72.05), ("iid", 74.4, 74.45 + seed)):
+            for strategy, acc in (("fedtsa", tsa), ("fedavg", avg)):
+                rows.append({"setting": setting, "strategy": strategy, "seed": seed, "accuracy": acc,
+                             "accuracy_local": 69.0, "accuracy_source": 63.5})
+    text = fedtsa_claims_reading(pd.DataFrame(rows), "bn")
+    assert "Local 69.00 (+3.10 ± 0.10 over 3 paired seeds: ahead)" in text
+    assert "FedAvg 72.05 (+0.05 ± 0.10 over 3 paired seeds: within seed noise)" in text
+    assert "IID: FedTSA 74.40 against FedAvg 75.45 (-1.05 ± 1.00 over 3 paired seeds: behind by more than 0.5" in text
+    assert "the paper: FedTSA 60.27, Local 56.93, FedAvg 56.52" in text
+    grad = fedtsa_claims_reading(pd.DataFrame(rows).query("strategy != 'fedtsa'"), "grad")
+    assert grad == "**TTA-grad.** NIID: no FedTSA run stored yet. IID: no FedTSA run stored yet."

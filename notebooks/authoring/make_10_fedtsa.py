@@ -116,7 +116,9 @@ reads whatever is stored there (no new runs) and lays it beside the paper's Tabl
     ("code", """
 from pathlib import Path
 
-from ftta_core.paper import METHOD_LABELS, beside_fedtsa_table1, paper_table
+from IPython.display import Markdown
+
+from ftta_core.paper import METHOD_LABELS, beside_fedtsa_table1, fedtsa_claims_reading, paper_table
 from ftta_core.workbook import summary_config
 
 rows = []
@@ -134,6 +136,8 @@ else:
         methods = [m for m in METHOD_LABELS if m in set(group.strategy)]
         print(f"TTA-{tta}")
         display(beside_fedtsa_table1(group, "cifar10", tta, methods).round(2))
+    # the paper's claims (NIID: FedTSA beats Local and FedAvg; IID: it matches FedAvg), computed from the runs
+    display(Markdown("\n\n".join(fedtsa_claims_reading(group, tta) for tta, group in runs.groupby("tta"))))
 """),
     ("md", """
 ## Reading it

@@ -127,14 +127,19 @@ for table, field in ((fig4_sh, "sh"), (fig4_th, "th")):
 ## Fig 7: memory length T and loss weight lambda (NIID)
 """),
     ("code", """
+# lambda = 0 is the `w/o aug` variant (the same computation: no masks, no robustness term), so it is that run
 fig7_t = grid(base, {f"T={t}": {"strategy": "fedtsa", "strategy_params": {"window": t}} for t in windows})
-fig7_l = grid(base, {f"lambda={x:g}": {"strategy": "fedtsa", "strategy_params": {"lam": x}} for x in lambdas})
+fig7_l = grid(base, {f"lambda={x:g}": {"strategy": "fedtsa",
+                                        "strategy_params": {"lam": x} if x > 0 else {"variant": "w/o aug"}}
+                     for x in lambdas})
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
 for ax, table, values, label in ((axes[0], fig7_t, windows, "T"), (axes[1], fig7_l, lambdas, "lambda")):
     if table.empty:
         continue
     m = mean_std(table)
-    ax.errorbar(values[:len(m)], m["mean"], yerr=m["std"], marker="o")
+    at = {f"{label}={v:g}": v for v in values}  # a missing point leaves a gap, never shifts the others
+    m = m.loc[sorted(m.index, key=at.get)]
+    ax.errorbar([at[k] for k in m.index], m["mean"], yerr=m["std"], marker="o")
     ax.set(xlabel=label, ylabel="accuracy (%)", title=f"FedTSA vs {label} (NIID, TTA-{tta})")
 fig.tight_layout()
 fig.savefig(Path(figure_dir) / f"fig7_hyperparameters_{tta}.png", dpi=120, bbox_inches="tight")
