@@ -107,6 +107,27 @@ def test_fisher_matches_plain_autograd_on_the_model(digits_model, one_thread):
         assert torch.equal(fisher[k][0], fisher[k][1])
 
 
+def test_eata_source_images_are_cached_and_read_back_without_the_training_set(tmp_path, monkeypatch):
+    """The draw is kept as stored and converted as ``Dataset.tensors`` does, so a machine without the training set
+    (a lent GPU) gets the same images, hence the same Fisher."""
+    import ftta_core.data as data_module
+    from ftta_core.data import DatasetNotFoundError
+    from ftta_core.tta.eata import load_source_images, source_images_cache
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path))
+    first = load_source_images("digits_cnn_embedded", 24, seed=5)
+    path = source_images_cache("digits_cnn_embedded", 24, 5)
+    assert path.is_file() and path.parent.parent == tmp_path and first.shape[0] == 24
+
+    def no_training_set(*args, **kwargs):
+        raise DatasetNotFoundError("embedded_digits", [tmp_path / "missing"], tmp_path, "not needed")
+
+    monkeypatch.setattr(data_module, "load_dataset", no_training_set)
+    assert torch.equal(load_source_images("digits_cnn_embedded", 24, seed=5), first)
+    with pytest.raises(DatasetNotFoundError):  # another draw is not cached: the training set is needed again
+        load_source_images("digits_cnn_embedded", 24, seed=6)
+
+
 def test_eata_needs_a_fisher_source_and_names_bad_fields():
     with pytest.raises(ValueError, match="fisher_source"):
         build_local("eata")

@@ -17,8 +17,11 @@ skips the step; the bank steps all clients together).
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -69,14 +72,34 @@ def ewc_penalty(params: Params, anchor: Params, fisher: Params, clients: slice) 
     return torch.stack(terms).sum(0)
 
 
+def source_images_cache(source_model: str, samples: int, seed: int) -> Path:
+    """Where ``load_source_images`` keeps the images it drew (under ``data.cache_dir()``)."""
+    from ..data import cache_dir
+
+    return cache_dir() / "eata_source" / f"{source_model}_n{samples}_seed{seed}.npz"
+
+
 def load_source_images(source_model: str, samples: int, seed: int) -> torch.Tensor:
     """``samples`` random training images [M,C,H,W] in [0,1] of the data the source model ``source_model`` was
-    trained on (its ``SourceSpec`` dataset and loader arguments)."""
+    trained on (its ``SourceSpec`` dataset and loader arguments).
+
+    The drawn images are kept, as stored (e.g. uint8), in ``source_images_cache`` and read from there next time,
+    converted exactly as ``Dataset.tensors`` converts them: a machine without the training set (a lent GPU carrying
+    only the test split, ``benchmarks/device_bundle.py``) computes the same Fisher from the cached draw."""
     from ..data import load_dataset
 
+    path = source_images_cache(source_model, samples, seed)
+    if path.is_file():
+        with np.load(path) as cached:
+            images = cached["images"]
+        return torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2).float().div_(255.0).contiguous()
     spec = SOURCE_MODELS[source_model]
     data = load_dataset(spec.dataset, "train", **spec.dataset_kwargs)
     idx = numpy_generator(seed, "eata-fisher", source_model).choice(len(data), min(samples, len(data)), replace=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")  # several workers may draw the same images at once
+    np.savez(tmp, images=np.asarray(data.images[idx]), indices=idx, dataset=spec.dataset, total=len(data))
+    tmp.replace(path)
     return data.tensors(idx)[0]
 
 
