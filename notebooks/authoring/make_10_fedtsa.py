@@ -137,7 +137,7 @@ else:
         print(f"TTA-{tta}")
         display(beside_fedtsa_table1(group, "cifar10", tta, methods).round(2))
     # the paper's claims (NIID: FedTSA beats Local and FedAvg; IID: it matches FedAvg), computed from the runs
-    display(Markdown("\n\n".join(fedtsa_claims_reading(group, tta) for tta, group in runs.groupby("tta"))))
+    display(Markdown("\\n\\n".join(fedtsa_claims_reading(group, tta) for tta, group in runs.groupby("tta"))))
 """),
     ("md", """
 ## Reading it
