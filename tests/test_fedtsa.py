@@ -413,6 +413,21 @@ def test_engine_backends_agree(backend_pair):
     assert list(da.window_steps) == [0, 1, 2] and da.loss.shape == (5,)
 
 
+def test_weights_do_not_depend_on_the_local_method():
+    """FedTSA's W comes from the frozen source model's indicators only: TTA-bn and TTA-grad (Tent, all parameters)
+    on one stream get the same W at every step, bit for bit (so a TTA-grad table row differs from TTA-bn only by
+    what W mixes: BN statistics or parameters)."""
+    gen = torch.Generator().manual_seed(1)
+    batches = [StreamBatch(t, torch.rand(4, 5, 3, 16, 16, generator=gen), torch.randint(0, 10, (4, 5), generator=gen),
+                           np.zeros(4, int), np.zeros((4, 5), int)) for t in range(4)]
+    model = load_source_model("digits_cnn_embedded")
+    weights = {}
+    for name, params in (("bn", {}), ("tent", {"params": "all", "optimizer": "sgd", "lr": 1e-2})):
+        eng = Engine(model, build_local(name, **params), build_strategy("fedtsa", server_steps=5), n_clients=4)
+        weights[name] = [eng.step(batch).weights for batch in batches]
+    assert all(np.array_equal(a, b) for a, b in zip(weights["bn"], weights["tent"]))
+
+
 def test_predrawn_bernoulli_uniforms_give_the_masks_of_drawing_each_iteration():
     # FedTSA draws a round's mask uniforms up front (no host round trip per iteration on a GPU); they must be the
     # very draws the per-iteration sampling makes from the same generator, in the same order
