@@ -1,7 +1,7 @@
 """One leaderboard across methods: every local TTA method x every strategy on one protocol, with seed spread.
 
 Each cell is a run of ``base`` with that local method (its settings from ``local_settings``) and strategy (its
-defaults), for every seed; runs are stored under ``results_dir`` like every grid of the workbook (``run_grid``), so
+defaults), for every seed; runs are stored under ``results_dir`` like every grid of the workbook (``run_grid``; runs of the same configs stored elsewhere are read with ``also_read``), so
 a leaderboard fills in over sessions and a rerun reads what is stored. The table gives mean, standard deviation,
 the number of seeds and a 95% confidence half-width (Student t over seeds).
 """
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .experiment import ExperimentConfig
-from .workbook import run_grid
+from .workbook import strategy_comparison
 
 # the settings each local method runs with on the leaderboard (its reference defaults otherwise); TTA-grad with
 # Tent is the FedTSA/FedCTTA papers' setting (all parameters, SGD 1e-4)
@@ -34,14 +34,18 @@ def local_settings(name: str, cfg: ExperimentConfig) -> Dict[str, Any]:
 
 def run_leaderboard(base: ExperimentConfig, locals_: Sequence[str], strategies: Sequence[str], seeds: Sequence[int],
                     results_dir: Optional[Path] = None, only_cached: bool = False,
-                    settings: Optional[Mapping[str, Mapping[str, Any]]] = None) -> pd.DataFrame:
-    """One row per (local, strategy, seed) run with its accuracies (stored runs are read back)."""
+                    settings: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                    also_read: Sequence[Path] = ()) -> pd.DataFrame:
+    """One row per (local, strategy, seed) run with its accuracies (stored runs are read back, also from the
+    ``also_read`` folders, e.g. the FedTSA Table 1 runs: TTA-bn and TTA-grad there are this board's ``bn`` and
+    ``tent`` rows, same configs). A stateless local method (``bn``) runs its missing strategies in one shared pass
+    per seed (``workbook.strategy_comparison``: the same results as separate runs)."""
     frames = []
     for local in locals_:
         params = dict(settings[local]) if settings and local in settings else local_settings(local, base)
         cfg = dataclasses.replace(base, local=local, local_params=params)
-        variants = {s: {"strategy": s} for s in strategies}
-        g = run_grid(cfg, variants, seeds, results_dir=results_dir, only_cached=only_cached, progress=False)
+        g = strategy_comparison(cfg, list(strategies), seeds, results_dir=results_dir, only_cached=only_cached,
+                                also_read=also_read)
         frames.append(g.rename(columns={"variant": "strategy"}).assign(local=local))
     frames = [f for f in frames if len(f)] or frames[:1]  # a local method with no stored run adds no rows
     grid = pd.concat(frames, ignore_index=True)
@@ -60,6 +64,53 @@ def leaderboard_table(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFra
     table["ci95"] = np.where(table["seeds"] > 1, stats.t.ppf(0.975, dof) * table["std"] / np.sqrt(table["seeds"]),
                              np.nan)
     return table.sort_values("mean", ascending=False)
+
+
+def gains_over_local(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
+    """Per (local, strategy): the gain in ``value`` over the ``local`` strategy of the same local method, paired by
+    seed (a seed fixes the stream): mean, 95% CI half-width (Student t; NaN with one seed) and seeds; sorted by
+    gain. ``significant``: the interval excludes zero."""
+    from scipy import stats
+
+    wide = grid.pivot_table(index=["local", "seed"], columns="strategy", values=value)
+    if "local" not in wide:
+        return pd.DataFrame(columns=["gain", "ci95", "seeds", "significant"])
+    diffs = wide.drop(columns="local").sub(wide["local"], axis=0).stack().dropna().rename("d").reset_index()
+    g = diffs.groupby(["local", "strategy"])["d"]
+    out = pd.DataFrame({"gain": g.mean(), "std": g.std(ddof=1), "seeds": g.size()})
+    half = stats.t.ppf(0.975, (out["seeds"] - 1).clip(lower=1)) * out["std"] / np.sqrt(out["seeds"])
+    out["ci95"] = np.where(out["seeds"] > 1, half, np.nan)
+    out["significant"] = (out["seeds"] > 1) & (out["gain"].abs() > out["ci95"])
+    return out.drop(columns="std").sort_values("gain", ascending=False)
+
+
+def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int, n_strategies: int,
+                        n_seeds: int) -> str:
+    """What the stored board says: coverage, the best cell, and per local method the strategies whose gain over
+    ``local`` has a 95% interval excluding zero (``table``: ``leaderboard_table``; ``gains``: ``gains_over_local``)."""
+    if table.empty:
+        return "No run is stored yet."
+    runs = int(table["seeds"].sum())
+    full = int((table["seeds"] >= n_seeds).sum())
+    (best_local, best_strategy), best = table.index[0], table.iloc[0]
+    text = [f"**Coverage.** {runs} of {n_locals * n_strategies * n_seeds} runs are stored: {len(table)} of "
+            f"{n_locals * n_strategies} cells, {full} of them with all {n_seeds} seeds.",
+            f"**Best cell.** {best_local} + {best_strategy}: {best['mean']:.2f}% over {int(best['seeds'])} seeds."]
+    for local, g in gains.groupby(level="local", sort=False):
+        g = g.droplevel("local")
+        up = [f"{s} {r.gain:+.2f} ± {r.ci95:.2f}" for s, r in g.iterrows() if r.significant and r.gain > 0]
+        down = [f"{s} {r.gain:+.2f} ± {r.ci95:.2f}" for s, r in g.iterrows() if r.significant and r.gain < 0]
+        flat = [s for s, r in g.iterrows() if r.seeds > 1 and not r.significant]
+        single = [s for s, r in g.iterrows() if r.seeds <= 1]
+        parts = [f"above local: {', '.join(up) if up else 'none'}"]
+        if down:
+            parts.append(f"below local: {', '.join(down)}")
+        if flat:
+            parts.append(f"not distinguishable from local: {', '.join(flat)}")
+        if single:
+            parts.append(f"one seed only (no interval): {', '.join(single)}")
+        text.append(f"**{local}** (gain over local, points ± 95% CI): " + "; ".join(parts) + ".")
+    return "\n\n".join(text)
 
 
 def leaderboard_heatmap(table: pd.DataFrame, ax=None, title: str = ""):

@@ -72,9 +72,10 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
 
 def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: Sequence[int],
                       results_dir: Optional[Path] = None, only_cached: bool = False,
-                      progress: bool = True) -> pd.DataFrame:
+                      progress: bool = True, also_read: Sequence[Path] = ()) -> pd.DataFrame:
     """Like ``run_grid`` over strategies, but strategies missing for a seed run together in one pass that
-    shares the stateless local phase (``experiment.run_strategies``; TTA-bn and source only). Same cache."""
+    shares the stateless local phase (``experiment.run_strategies``; TTA-bn and source only). Same cache, and the
+    same ``also_read`` folders (read, never written)."""
     from .experiment import run_strategies
 
     rows = []
@@ -82,7 +83,8 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
         cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}, seed=seed) for s in strategies}
         paths = {s: Path(results_dir) / f"{config_key(c)}.json" if results_dir is not None else None
                  for s, c in cfgs.items()}
-        missing = [s for s in strategies if paths[s] is None or not paths[s].exists()]
+        found = {s: stored_path(c, results_dir, also_read) for s, c in cfgs.items()}
+        missing = [s for s in strategies if found[s] is None]
         if missing and results_dir is not None and plan_file() is not None and not only_cached:
             add_to_plan(cfgs[missing[0]].to_dict(), results_dir, missing)  # planning: record the pass, run nothing
             missing = []
@@ -92,8 +94,8 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
                 summary = fresh[s].summary
                 if paths[s] is not None:
                     store_summary(paths[s], summary)
-            elif paths[s] is not None and paths[s].exists():
-                summary = json.loads(paths[s].read_text())
+            elif found[s] is not None:
+                summary = json.loads(found[s].read_text())
             else:
                 continue
             rows.append({"variant": s, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
@@ -101,14 +103,15 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
 
 
 def strategy_comparison(cfg: ExperimentConfig, strategies: Sequence[str], seeds: Sequence[int],
-                        results_dir: Optional[Path] = None, only_cached: bool = False) -> pd.DataFrame:
+                        results_dir: Optional[Path] = None, only_cached: bool = False,
+                        also_read: Sequence[Path] = ()) -> pd.DataFrame:
     """One row per (strategy, seed) of ``cfg``: strategies share one pass per seed where the local method is
     stateless (TTA-bn, source; ``run_strategy_grid``), else one run each (``run_grid``). Same cache either way."""
     if cfg.local in ("bn", "source"):
         return run_strategy_grid(cfg, strategies, seeds, results_dir=results_dir, only_cached=only_cached,
-                                 progress=False)
+                                 progress=False, also_read=also_read)
     return run_grid(cfg, {s: {"strategy": s, "strategy_params": {}} for s in strategies}, seeds,
-                    results_dir=results_dir, only_cached=only_cached, progress=False)
+                    results_dir=results_dir, only_cached=only_cached, progress=False, also_read=also_read)
 
 
 def heterogeneity_sweep(base: ExperimentConfig, field: str, values: Sequence[float], fixed: Mapping[str, float],

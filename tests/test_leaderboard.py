@@ -54,3 +54,45 @@ def test_a_partial_leaderboard_reads_and_draws(tmp_path, monkeypatch):
     assert leaderboard_heatmap(table).get_title() == ""
     empty = run_leaderboard(base, ["tent"], ["fedavg"], [0], results_dir=tmp_path / "runs", only_cached=True)
     assert empty.empty
+
+
+def test_leaderboard_reads_runs_stored_by_another_grid_without_writing_there(tmp_path, monkeypatch):
+    """The board's bn/tent rows are the FedTSA Table 1 configs: their stored runs count (read from ``also_read``,
+    never written there), and what is missing runs into ``results_dir`` only."""
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    base = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, batch_size=10,
+                            images_per_client=20, corruptions=["fog", "contrast"], sh=0.5, th=0.5, device="cpu",
+                            max_steps=2)
+    other = tmp_path / "table1"
+    first = run_leaderboard(base, ["bn"], ["local", "fedavg"], [0], results_dir=other)
+    stored = sorted(p.name for p in other.glob("*.json"))
+    grid = run_leaderboard(base, ["bn"], ["local", "fedavg", "fedamp"], [0], results_dir=tmp_path / "board",
+                           also_read=[other])
+    assert sorted(p.name for p in other.glob("*.json")) == stored  # nothing written to the other folder
+    assert len(list((tmp_path / "board").glob("*.json"))) == 1  # only FedAMP ran
+    merged = grid.set_index("strategy").accuracy
+    assert merged[["local", "fedavg"]].tolist() == first.set_index("strategy").accuracy[["local", "fedavg"]].tolist()
+    # FedAMP ran in a shared pass (bn is stateless): the same number as a run of its own
+    alone = run_leaderboard(base, ["bn"], ["fedamp"], [0], results_dir=tmp_path / "alone")
+    assert alone.accuracy.iloc[0] == merged["fedamp"]
+
+
+def test_gains_over_local_are_paired_by_seed_and_read_out():
+    from ftta_core.leaderboard import gains_over_local, leaderboard_reading
+
+    rows = []
+    for seed, shift in enumerate([0.0, 5.0, -5.0]):  # the seed moves every strategy alike: pairing removes it
+        for strategy, acc in (("local", 60.0), ("fedavg", 62.0 + 0.1 * seed), ("fedamp", 59.0), ("pfedgraph", 60.0)):
+            rows.append({"local": "bn", "strategy": strategy, "seed": seed, "accuracy": acc + shift})
+        rows.append({"local": "tent", "strategy": "fedavg", "seed": seed, "accuracy": 61.0 + shift})
+    rows.append({"local": "tent", "strategy": "local", "seed": 0, "accuracy": 60.5})
+    grid = pd.DataFrame(rows)
+    gains = gains_over_local(grid)
+    bn = gains.loc["bn"]
+    assert np.isclose(bn.loc["fedavg", "gain"], 2.1) and bool(bn.loc["fedavg", "significant"])
+    assert bn.loc["fedamp", "gain"] == -1.0 and bool(bn.loc["fedamp", "significant"])  # constant -1: ci 0
+    assert not bool(bn.loc["pfedgraph", "significant"]) and gains.loc[("tent", "fedavg"), "seeds"] == 1
+    text = leaderboard_reading(leaderboard_table(grid), gains, n_locals=2, n_strategies=4, n_seeds=3)
+    assert "16 of 24 runs are stored: 6 of 8 cells, 5 of them with all 3 seeds" in text
+    assert "**bn** (gain over local, points ± 95% CI): above local: fedavg +2.10 ± 0.25; below local: fedamp -1.00" in text
+    assert "not distinguishable from local: pfedgraph" in text and "one seed only (no interval): fedavg" in text
