@@ -504,5 +504,8 @@ def test_claims_reading_pairs_seeds_and_names_each_verdict():
     assert "FedAvg 72.05 (+0.05 ± 0.10 over 3 paired seeds: within seed noise)" in text
     assert "IID: FedTSA 74.40 against FedAvg 75.45 (-1.05 ± 1.00 over 3 paired seeds: behind by more than 0.5" in text
     assert "the paper: FedTSA 60.27, Local 56.93, FedAvg 56.52" in text
+    small = pd.DataFrame(rows).assign(accuracy_local=71.95)  # FedTSA 0.05-0.25 above Local at every seed
+    assert "Local 71.95 (+0.15 ± 0.10 over 3 paired seeds: ahead at every seed, by less than 0.5 points)" in \
+        fedtsa_claims_reading(small, "bn")
     grad = fedtsa_claims_reading(pd.DataFrame(rows).query("strategy != 'fedtsa'"), "grad")
     assert grad == "**TTA-grad.** NIID: no FedTSA run stored yet. IID: no FedTSA run stored yet."
