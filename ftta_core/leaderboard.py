@@ -56,30 +56,30 @@ def run_leaderboard(base: ExperimentConfig, locals_: Sequence[str], strategies: 
 
 def leaderboard_table(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     """Mean, std, seeds and 95% CI half-width of ``value`` per (local, strategy), best first."""
-    from scipy import stats
-
     g = grid.groupby(["local", "strategy"])[value]
     table = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1), "seeds": g.size()})
-    dof = (table["seeds"] - 1).clip(lower=1)
-    table["ci95"] = np.where(table["seeds"] > 1, stats.t.ppf(0.975, dof) * table["std"] / np.sqrt(table["seeds"]),
-                             np.nan)
+    table["ci95"] = ci95_half_width(table["std"], table["seeds"])
     return table.sort_values("mean", ascending=False)
+
+
+def ci95_half_width(std: pd.Series, n: pd.Series) -> np.ndarray:
+    """Student-t 95% half-width of a mean over ``n`` seeds with standard deviation ``std`` (NaN for one seed)."""
+    from scipy import stats
+
+    return np.where(n > 1, stats.t.ppf(0.975, (n - 1).clip(lower=1)) * std / np.sqrt(n), np.nan)
 
 
 def gains_over_local(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     """Per (local, strategy): the gain in ``value`` over the ``local`` strategy of the same local method, paired by
     seed (a seed fixes the stream): mean, 95% CI half-width (Student t; NaN with one seed) and seeds; sorted by
     gain. ``significant``: the interval excludes zero."""
-    from scipy import stats
-
     wide = grid.pivot_table(index=["local", "seed"], columns="strategy", values=value)
     if "local" not in wide:
         return pd.DataFrame(columns=["gain", "ci95", "seeds", "significant"])
     diffs = wide.drop(columns="local").sub(wide["local"], axis=0).stack().dropna().rename("d").reset_index()
     g = diffs.groupby(["local", "strategy"])["d"]
     out = pd.DataFrame({"gain": g.mean(), "std": g.std(ddof=1), "seeds": g.size()})
-    half = stats.t.ppf(0.975, (out["seeds"] - 1).clip(lower=1)) * out["std"] / np.sqrt(out["seeds"])
-    out["ci95"] = np.where(out["seeds"] > 1, half, np.nan)
+    out["ci95"] = ci95_half_width(out["std"], out["seeds"])
     out["significant"] = (out["seeds"] > 1) & (out["gain"].abs() > out["ci95"])
     return out.drop(columns="std").sort_values("gain", ascending=False)
 
