@@ -66,6 +66,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="auto | cpu | cuda")
     p.add_argument("--max-steps", type=int, dest="max_steps")
     p.add_argument("--smoke", action="store_true", default=None, help="a few steps only")
+    p.add_argument("--server-threads", type=int, dest="server_threads",
+                   help="threads for server rounds computed ahead (FedTSA): 0 none; default torch's thread count")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.set_defaults(func=cmd_run)
 
@@ -87,7 +89,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    res = run_experiment(cfg, out=args.out, progress=True)
+    if args.server_threads is not None and args.server_threads < 0:
+        print(f"error: --server-threads must be >= 0, got {args.server_threads}", file=sys.stderr)
+        return 2
+    res = run_experiment(cfg, out=args.out, progress=True, server_threads=args.server_threads)
     s = res.summary
     print(f"\n{cfg.local} + {cfg.strategy} on {cfg.dataset} / {cfg.scenario} ({cfg.clients} clients, seed {cfg.seed})")
     print(res.accuracy_table().round(2).to_string())

@@ -338,8 +338,11 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
 
 
 def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,
-                   data_root: Optional[str] = None, stream: Optional[Stream] = None) -> Results:
-    """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted."""
+                   data_root: Optional[str] = None, stream: Optional[Stream] = None,
+                   server_threads: Optional[int] = None) -> Results:
+    """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted.
+    ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; None: torch's thread count,
+    1: none); an execution setting like the thread count, the results do not depend on it."""
     from .strategies import build_strategy
     from .training import load_source_model
     from .tta import build_local
@@ -350,7 +353,7 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     torch.manual_seed(derive_seed(cfg.seed, "engine"))
     engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
                     build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, cfg.backend, device,
-                    cfg.participation, cfg.seed)
+                    cfg.participation, cfg.seed, server_threads)
     n_steps = min(len(stream), cfg.max_steps or len(stream))
     if cfg.smoke:
         n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
@@ -365,22 +368,26 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc=f"{cfg.local}+{cfg.strategy}", initial=start, total=n_steps)
     slot_rows, slot_w = [], []
-    for t in steps:
-        with record_function("ftta.step"):  # the whole step, recording included
-            with record_function("ftta.stream"):
-                batch = stream.batch(t)
-            res = engine.step(batch)
-            upload_bytes = res.upload_bytes
-            slot_rows += step_rows(res, stream.scenario)
-            slot_w.append(res.weights)
-            if classes is not None:
-                classes.add(res)
-            if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
-                writer.commit(engine, t + 1, slot_rows, slot_w, classes)
-            if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
-                rows += slot_rows
-                weights += slot_w
-                slot_rows, slot_w = [], []
+    try:
+        for t in steps:
+            with record_function("ftta.step"):  # the whole step, recording included
+                engine.prefetch(stream, t, n_steps)  # rounds that depend only on the source model start early
+                with record_function("ftta.stream"):
+                    batch = stream.batch(t)
+                res = engine.step(batch)
+                upload_bytes = res.upload_bytes
+                slot_rows += step_rows(res, stream.scenario)
+                slot_w.append(res.weights)
+                if classes is not None:
+                    classes.add(res)
+                if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
+                    writer.commit(engine, t + 1, slot_rows, slot_w, classes)
+                if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
+                    rows += slot_rows
+                    weights += slot_w
+                    slot_rows, slot_w = [], []
+    finally:
+        engine.close()
     table = pd.DataFrame(rows)
     collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
     summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes)
@@ -446,7 +453,7 @@ class RunWriter:
 
 
 def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: bool = False,
-                   data_root: Optional[str] = None) -> Dict[str, Results]:
+                   data_root: Optional[str] = None, server_threads: Optional[int] = None) -> Dict[str, Results]:
     """Run ``cfg`` once per strategy in one pass over the stream, sharing the stateless local phase.
 
     Valid for local methods that train nothing and carry no state (``bn``, ``source``): the source pass and the
@@ -464,7 +471,8 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     cfgs = {name: dataclasses.replace(cfg, strategy=name, strategy_params={}) for name in strategies}
     built = {name: build_strategy(name, **strategy_params(c)) for name, c in cfgs.items()}
     engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
-                    built[strategies[0]], cfg.clients, cfg.backend, device, cfg.participation, cfg.seed)
+                    built[strategies[0]], cfg.clients, cfg.backend, device, cfg.participation, cfg.seed,
+                    server_threads)
     for s in built.values():
         s.reset(cfg.clients)
     n_steps = min(len(stream), cfg.max_steps or len(stream))
@@ -479,12 +487,16 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     if progress:
         from tqdm.auto import tqdm
         steps = tqdm(steps, desc=f"{cfg.local} x {len(strategies)} strategies")
-    for t in steps:
-        for name, res in engine.step_strategies(stream.batch(t), built).items():
-            rows[name] += step_rows(res, stream.scenario)
-            weights[name].append(res.weights)
-            upload[name] = res.upload_bytes
-            classes[name].add(res)
+    try:
+        for t in steps:
+            engine.prefetch(stream, t, n_steps, built)
+            for name, res in engine.step_strategies(stream.batch(t), built).items():
+                rows[name] += step_rows(res, stream.scenario)
+                weights[name].append(res.weights)
+                upload[name] = res.upload_bytes
+                classes[name].add(res)
+    finally:
+        engine.close()
     wall = (time.perf_counter() - t0) / len(strategies)
     out = {}
     for name in strategies:

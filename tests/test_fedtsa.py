@@ -488,6 +488,162 @@ def test_each_round_starts_from_the_identity_block_unless_warm_start():
     assert torch.equal(w_a, w_b)
 
 
+class ListStream:
+    """The part of a ``Stream`` that ``Engine.prefetch`` and ``run_steps`` read: ``len`` and ``batch(t)``."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def batch(self, t: int) -> StreamBatch:
+        return self.batches[t]
+
+
+def small_stream(steps: int, seed: int = 2, n: int = 4) -> ListStream:
+    gen = torch.Generator().manual_seed(seed)
+    return ListStream([StreamBatch(t, torch.rand(n, 5, 3, 16, 16, generator=gen),
+                                   torch.randint(0, 10, (n, 5), generator=gen), np.zeros(n, int), np.zeros((n, 5), int))
+                       for t in range(steps)])
+
+
+@pytest.mark.parametrize("params", [{}, {"augmentation": "count", "select": "best"}, {"variant": "w/o time"}])
+def test_rounds_computed_ahead_on_server_threads_give_the_same_run(monkeypatch, params):
+    """With server threads the engine hands FedTSA the source indicators of the next steps and its rounds run
+    while the clients adapt; every W, diagnostic and prediction is bit for bit that of computing each round in
+    its step, and the rounds did run on the server threads."""
+    import threading
+
+    from ftta_core.engine.loop import run_steps
+
+    threads = []
+    train_block = FedTSA._train_block
+
+    def spy(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return train_block(self, *args, **kwargs)
+
+    monkeypatch.setattr(FedTSA, "_train_block", spy)
+    stream = small_stream(9)
+    model = load_source_model("digits_cnn_embedded")
+    runs = {}
+    for server_threads in (0, 3):
+        threads.clear()
+        eng = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=4, window=3, **params),
+                     n_clients=4, server_threads=server_threads)
+        diagnostics = []
+        results = run_steps(eng, stream, on_step=lambda r: diagnostics.append(eng.strategy.last_diagnostics))
+        eng.close()
+        runs[server_threads] = (results, diagnostics, list(threads))
+    (plain, plain_diag, plain_threads), (ahead, ahead_diag, ahead_threads) = runs[0], runs[3]
+    assert plain_threads == ["MainThread"] * 9
+    assert len(ahead_threads) == 9 and all(name.startswith("ftta-server") for name in ahead_threads)
+    for a, b in zip(plain, ahead):
+        assert np.array_equal(a.weights, b.weights) and np.array_equal(a.correct_mixed, b.correct_mixed)
+        assert np.array_equal(a.correct_source, b.correct_source)
+    for a, b in zip(plain_diag, ahead_diag):
+        assert a.step == b.step and list(a.window_steps) == list(b.window_steps)
+        assert np.array_equal(a.loss, b.loss) and torch.equal(a.spatial_mask, b.spatial_mask)
+        assert a.selected_iteration == b.selected_iteration
+
+
+def test_a_plan_that_differs_from_the_memory_is_redone():
+    """A client whose upload is rejected at a planned step (here: its state was non-finite) changes the memory the
+    plan assumed: that round and every later planned one are recomputed, so W stays that of the plain server."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    steps, n = range(6), 6
+    valid = [torch.ones(n, dtype=torch.bool) for _ in steps]
+    valid[2] = torch.tensor([True, False, True, True, True, True])
+    plain = build_strategy("fedtsa", server_steps=3, window=3)
+    plain.reset(n)
+    expected = [plain.collaboration(inputs_for(t, indicators(t), valid[t])) for t in steps]
+    ahead = build_strategy("fedtsa", server_steps=3, window=3)
+    ahead.reset(n)
+    with ThreadPoolExecutor(2) as pool:
+        ahead.plan_rounds(list(steps), {"indicator": torch.stack([indicators(t) for t in steps])},
+                          torch.ones(len(steps), n, dtype=torch.bool), pool.submit)
+        got = [ahead.collaboration(inputs_for(t, indicators(t), valid[t])) for t in steps]
+    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert not ahead._pending and not ahead._ahead
+
+
+def test_prefetched_source_pass_is_used_only_for_the_same_batch():
+    """``prefetch`` keeps the source forwards for ``local_phase``; a step given another batch recomputes them."""
+    stream, other = small_stream(3), small_stream(3, seed=5)
+    model = load_source_model("digits_cnn_embedded")
+    eng = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=2), n_clients=4, server_threads=2)
+    eng.prefetch(stream, 0, 3)
+    got = eng.step(other.batch(0))
+    eng.close()
+    fresh = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=2), n_clients=4, server_threads=0)
+    want = fresh.step(other.batch(0))
+    assert np.array_equal(got.correct_source, want.correct_source) and np.array_equal(got.weights, want.weights)
+
+
+def test_run_with_rounds_ahead_interrupted_and_resumed_is_the_plain_run(tmp_path, monkeypatch):
+    """``run_experiment`` with server threads, killed mid-run and resumed from its checkpoint: the same steps and W
+    as the run that computes each round in its step (the plan is dropped with the interrupted engine and rebuilt
+    from the restored memory)."""
+    import ftta_core.engine.loop as loop_mod
+    from ftta_core.experiment import ExperimentConfig, run_experiment
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=8,
+                           images_per_client=24, corruptions=["fog", "contrast", "frost", "glass_blur"], device="cpu",
+                           strategy="fedtsa", strategy_params={"server_steps": 3, "window": 4})
+    plain = run_experiment(cfg, server_threads=0)
+
+    class Interrupt(Exception):
+        pass
+
+    original, calls = loop_mod.Engine.step, {"n": 0}
+
+    def flaky(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 8:  # inside the second slot (slots are 5 steps)
+            raise Interrupt
+        return original(self, batch)
+
+    monkeypatch.setattr(loop_mod.Engine, "step", flaky)
+    with pytest.raises(Interrupt):
+        run_experiment(cfg, out=tmp_path / "run", server_threads=2)
+    monkeypatch.setattr(loop_mod.Engine, "step", original)
+    resumed = run_experiment(cfg, out=tmp_path / "run", server_threads=2)
+    assert np.array_equal(resumed.collaboration, plain.collaboration)
+    pd.testing.assert_frame_equal(resumed.steps.reset_index(drop=True), plain.steps.reset_index(drop=True),
+                                  check_dtype=False)
+
+
+def test_by_default_every_thread_serves_rounds_ahead_and_clients_keep_half():
+    """One torch thread: no server thread (a run-plan worker keeps its one core). Four: four server threads, and
+    the clients run on two threads until ``close`` restores the count."""
+    from ftta_core.engine.loop import default_server_threads
+
+    assert default_server_threads() == 0  # the one_thread fixture
+    torch.set_num_threads(4)
+    assert default_server_threads() == 4
+    eng = Engine(load_source_model("digits_cnn_embedded"), build_local("bn"), build_strategy("fedtsa", server_steps=2),
+                 n_clients=4)
+    stream = small_stream(20)
+    eng.prefetch(stream, 0, 20)
+    assert torch.get_num_threads() == 2 and eng._server_pool._max_workers == 4
+    assert sorted(eng.strategy._pending) == list(range(16))  # 4 steps ahead per server thread
+    eng.step(stream.batch(0))
+    eng.prefetch(stream, 1, 20)  # later calls keep the first call's threads (torch's count changed meanwhile)
+    assert sorted(eng.strategy._pending) == list(range(1, 17))
+    eng.close()
+    assert torch.get_num_threads() == 4
+
+
+def test_warm_start_and_untrained_variants_do_not_plan_ahead():
+    assert build_strategy("fedtsa").lookahead == ("indicator",)
+    assert build_strategy("fedtsa", warm_start=True).lookahead == ()
+    assert build_strategy("fedtsa", variant="S-sim").lookahead == ()
+    assert build_strategy("fedavg").lookahead == ()
+
+
 def test_claims_reading_pairs_seeds_and_names_each_verdict():
     """Notebook 10's reading of Table 1: NIID 'ahead' only when FedTSA leads at every paired seed; IID a match
     within the tolerance; a missing FedTSA row is said, not guessed."""

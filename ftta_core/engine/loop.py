@@ -7,6 +7,7 @@ goes (``benchmarks/where_time_goes.py``); without an active profiler the labels 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -23,6 +24,18 @@ from .bank import ClientBank, make_bank
 from .mixing import finite_clients, restrict_to_valid
 
 log = logging.getLogger(__name__)
+
+# how many steps ahead of the current one the engine hands look-ahead strategies their uploads, per server thread
+STEPS_AHEAD_PER_THREAD = 4
+
+
+def default_server_threads() -> int:
+    """Server threads for rounds computed ahead when the run does not say: as many as torch's threads (none with
+    one thread, e.g. a run-plan worker). The clients then keep half of them (``Engine.prefetch``): the server
+    threads idle once they are ahead, so the cores are shared, not split (on this 2-core machine 2 server threads
+    and 1 client thread beat 1 + 1 and the plain run, benchmarks/README.md)."""
+    threads = torch.get_num_threads()
+    return threads if threads >= 2 else 0
 
 
 class SharedPassError(ValueError):
@@ -72,11 +85,18 @@ class Engine:
     device: str = "cpu"
     participation: float = 1.0
     seed: int = 0
+    server_threads: Optional[int] = None  # threads for rounds computed ahead (``prefetch``); 0: none; None: auto
     bank: ClientBank = field(init=False)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.participation <= 1.0:
             raise ValueError(f"participation must be in (0, 1], got {self.participation}")
+        if self.server_threads is not None and self.server_threads < 0:
+            raise ValueError(f"server_threads must be >= 0 or None, got {self.server_threads}")
+        self._source_ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> x, logits, feats
+        self._horizon: Optional[int] = None  # first step not yet handed to the look-ahead strategies
+        self._server_pool: Optional[ThreadPoolExecutor] = None
+        self._client_threads: Optional[int] = None  # torch's thread count before ``prefetch`` split the cores
         self.source_model = self.source_model.to(self.device).eval()
         trainable = self.local.trainable(self.source_model)
         self.bank = make_bank(self.backend, self.source_model, self.n_clients, trainable, self.local.optimizer())
@@ -96,7 +116,11 @@ class Engine:
         """Source monitor and local adaptation of every client (with ``strategy``'s client regulariser)."""
         x, y = batch.images.to(self.device), batch.labels.to(self.device)
         with record_function("ftta.source"):
-            src_logits, src_feats = self._source_forward(x)
+            ahead = self._source_ahead.pop(batch.step, None)
+            if ahead is not None and torch.equal(ahead[0], x):  # computed by ``prefetch`` on this very batch
+                src_logits, src_feats = ahead[1], ahead[2]
+            else:
+                src_logits, src_feats = self._source_forward(x)
         with record_function("ftta.adapt"):
             out_local = self.local.adapt(self.bank, x, strategy.regularizer(self.bank, x))
             state = self.local.shared_state(self.bank)
@@ -167,6 +191,62 @@ class Engine:
             n_by_class=n_by_class,
         )
 
+    def prefetch(self, stream: Stream, step: int, stop: int, strategies: Optional[Dict[str, Strategy]] = None) -> None:
+        """Before ``step``: hand the strategies that compute rounds ahead (``Strategy.lookahead``, e.g. FedTSA, whose W
+        depends only on the frozen source model's indicators) the source-model uploads of the next steps (up to
+        ``stop``), so that their rounds run on server threads while the clients adapt. A no-op unless such a strategy
+        is given (default: this engine's) and there are server threads (``server_threads``; by default as many as
+        torch's threads, and the clients' work then runs on half of those until ``close``). W is unchanged bit for
+        bit: each round is the same single-threaded computation, and the strategy checks its plan against its
+        memory when the step comes. The source forwards are kept for ``local_phase``."""
+        planners = [s for s in (strategies or {"": self.strategy}).values() if s.lookahead]
+        if self._server_pool is not None:  # decided at the first call (the default then changes torch's threads)
+            threads = self._server_pool._max_workers
+        else:
+            threads = self.server_threads if self.server_threads is not None else default_server_threads()
+        if not planners or threads < 1:
+            return
+        if self._horizon is None or self._horizon < step:
+            self._horizon = step
+        end = min(stop, step + STEPS_AHEAD_PER_THREAD * threads)
+        if self._horizon >= end:
+            return
+        steps = list(range(self._horizon, end))
+        indicators, present = [], []
+        for t in steps:
+            x = stream.batch(t).images.to(self.device)
+            logits, feats = self._source_forward(x)
+            self._source_ahead[t] = (x, logits, feats)
+            indicators.append(feats.mean(1))
+            present.append(self.present(t))
+        uploads = {"indicator": torch.stack(indicators)}  # the source model's uploads (``strategies.base``)
+        for strategy in planners:
+            unknown = sorted(set(strategy.lookahead) - set(uploads))
+            if unknown:
+                raise ValueError(f"strategy {strategy.name} looks ahead on {unknown}; only the source model's "
+                                 f"{sorted(uploads)} are known before a step")
+        if self._server_pool is None:
+            self._server_pool = ThreadPoolExecutor(threads, thread_name_prefix="ftta-server",
+                                                   initializer=torch.set_num_threads, initargs=(1,))
+            if self.server_threads is None:  # auto: the clients keep half of the threads while rounds run ahead
+                self._client_threads = torch.get_num_threads()
+                torch.set_num_threads(max(1, self._client_threads // 2))
+        for strategy in planners:
+            strategy.plan_rounds(steps, {k: uploads[k] for k in strategy.lookahead}, torch.stack(present),
+                                 self._server_pool.submit)
+        self._horizon = end
+
+    def close(self) -> None:
+        """Stop the server threads of ``prefetch`` (pending rounds are cancelled) and drop what was prefetched."""
+        if self._server_pool is not None:
+            self._server_pool.shutdown(wait=True, cancel_futures=True)
+            self._server_pool = None
+        if self._client_threads is not None:
+            torch.set_num_threads(self._client_threads)
+            self._client_threads = None
+        self._source_ahead.clear()
+        self._horizon = None
+
     def present(self, step: int) -> torch.Tensor:
         """Boolean [N]: the clients whose uploads reach the server at ``step`` (each with probability
         ``participation``, drawn from the run's seed and the step). An absent client (dropped out, or a straggler
@@ -201,7 +281,9 @@ class Engine:
                 "local": self.local.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict``."""
+        """Restore ``state_dict`` (and forget what was prefetched)."""
+        self._source_ahead.clear()
+        self._horizon = None
         self.bank.load_state_dict(state["bank"])
         self.strategy.load_state_dict(state["strategy"])
         self.local.load_state_dict(state.get("local", {}))
@@ -226,7 +308,9 @@ def run_steps(engine: Engine, stream: Stream, start: int = 0, stop: Optional[int
               on_step: Optional[Callable[[StepResult], None]] = None) -> List[StepResult]:
     """Run ``engine`` over steps [start, stop) of ``stream``."""
     results = []
-    for t in range(start, len(stream) if stop is None else stop):
+    stop = len(stream) if stop is None else stop
+    for t in range(start, stop):
+        engine.prefetch(stream, t, stop)
         res = engine.step(stream.batch(t))
         results.append(res)
         if on_step is not None:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, Optional
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -39,6 +40,9 @@ class Strategy(ABC):
     name: str = "base"
     needs: tuple = ()
     finetune_after_mix: bool = False
+    # upload kinds (of the frozen source model only) from which the strategy can compute rounds before their step
+    # comes; the engine then hands it those uploads ahead of time (``plan_rounds``)
+    lookahead: tuple = ()
 
     def reset(self, n_clients: int) -> None:
         """Forget server memory before a new stream with ``n_clients`` clients."""
@@ -76,6 +80,14 @@ class Strategy(ABC):
         if missing:
             raise KeyError(f"strategy {self.name} needs uploads {missing} the engine did not compute")
         return {k: context[k] for k in self.needs}
+
+    def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,
+                    submit: Callable[..., Future]) -> None:
+        """Start computing the rounds of future ``steps`` (in order, each step handed over once) from the source-model
+        ``uploads`` [S, N, ...] of the kinds in ``lookahead`` and the clients ``present`` [S, N] at each step;
+        ``submit(fn, *args)`` runs ``fn`` on a server thread. A strategy that does this must still return, at each
+        step, exactly the W it would compute without look-ahead (e.g. by checking its memory against the plan)."""
+        raise NotImplementedError(f"strategy {self.name} does not compute rounds ahead (lookahead is empty)")
 
     def state_dict(self) -> dict:
         """Server memory (for resuming a run)."""

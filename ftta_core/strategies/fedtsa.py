@@ -3,8 +3,10 @@ the server each round on a bounded memory of the clients' source-feature indicat
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -121,7 +123,24 @@ class FedTSADiagnostics:
     loss_regularization: np.ndarray  # MSE(X_TSA, X) per iteration
     loss_robustness: np.ndarray  # MSE(X_TSA, X_TSA') per iteration (zeros without augmentation)
     selected_iteration: int  # iteration whose attention gave W (-1: after the last update / untrained)
-    seconds: float  # wall time of this server round
+    seconds: float  # wall time of this server round (of its computation on a server thread when computed ahead)
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run the block below with one intra-op thread (then restore the caller's count). A TS-Block round is too small
+    to gain from a second thread (0.70 vs 0.66-0.72 s per round, benchmarks/README.md), and float sums split over
+    threads round differently: with one thread, W is the same bit for bit whatever thread count the run uses and
+    whether the round runs in its step or ahead on a server thread."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _on_cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -163,6 +182,13 @@ class FedTSA(Strategy):
     Variants (Fig. 3): 'full'; 'w/o time' (no temporal module; the spatial block still trains on the T-step window);
     'w/o aug' (lam = 0); 'S-sim' (W = row-softmax of the cosine similarity of the current indicators, untrained);
     'TS-sim' (the identity-initialised TS-Block, untrained). ``last_diagnostics`` holds the last round's internals.
+
+    Rounds ahead: W_t depends only on the memory window, i.e. on the frozen source model's indicators (and on which
+    clients reported), not on the adapted clients, and each round starts from the identity block with its own
+    generator. So unless ``warm_start``, the engine can hand the server the indicators of the next steps
+    (``Engine.prefetch``) and the rounds run on server threads while the clients adapt (``plan_rounds``). When its
+    step comes, a planned round is used only if its window equals the memory's (else it is recomputed and the rest
+    of the plan redone, e.g. after a rejected upload), so W is bit for bit the W of computing each round in turn.
     """
 
     name = "fedtsa"
@@ -197,6 +223,12 @@ class FedTSA(Strategy):
         self.memory = IndicatorMemory(self.window)
         self.block: Optional[TSBlock] = None  # one block object, re-initialised each round unless warm_start
         self.last_diagnostics: Optional[FedTSADiagnostics] = None
+        # rounds computed ahead (only when each round is independent of the last: a trained, fresh block)
+        self.lookahead = ("indicator",) if self.trained and self.server_steps and not warm_start else ()
+        self._ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}  # step -> (indicators, present) not yet served
+        self._plan: Optional[IndicatorMemory] = None  # the memory as the planned steps will leave it
+        self._pending: Dict[int, Tuple[torch.Tensor, Future]] = {}  # step -> (planned window, its round)
+        self._submit: Optional[Callable[..., Future]] = None
 
     # ------------------------------------------------------------------ engine interface
 
@@ -205,6 +237,7 @@ class FedTSA(Strategy):
         self.memory.clear()
         self.block = None
         self.last_diagnostics = None
+        self._drop_plan()
 
     def collaboration(self, inputs: ServerInputs) -> torch.Tensor:
         start = time.perf_counter()
@@ -212,6 +245,11 @@ class FedTSA(Strategy):
             raise KeyError("FedTSA needs the 'indicator' upload")
         self.memory.push(inputs.step, inputs.uploads["indicator"], inputs.valid)
         x = self.memory.ordered()  # X [T', N, D], oldest first
+        planned = self._planned_round(inputs.step, x)
+        if planned is not None:
+            planned.step, planned.window_steps = inputs.step, self.memory.ordered_steps()
+            self.last_diagnostics = planned
+            return planned.weights
         current = x[-1]
         if self.variant == "S-sim":
             weights = row_softmax(cosine_from_gram(gram_matrix([current]))).float().cpu()
@@ -220,11 +258,67 @@ class FedTSA(Strategy):
                 None,
                 np.zeros(0), np.zeros(0), np.zeros(0), -1, time.perf_counter() - start)
             return weights
-        diag = self._train_block(x, torch_generator(self.seed, "fedtsa", inputs.step))
+        with one_torch_thread():  # as on a server thread: W does not depend on the caller's thread count
+            diag = self._train_block(x, torch_generator(self.seed, "fedtsa", inputs.step))
         diag.step, diag.window_steps = inputs.step, self.memory.ordered_steps()
         diag.seconds = time.perf_counter() - start
         self.last_diagnostics = diag
         return diag.weights
+
+    # ------------------------------------------------------------------ rounds ahead
+
+    def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,
+                    submit: Callable[..., Future]) -> None:
+        """Start the rounds of ``steps`` on server threads from their indicators [S, N, D] (see the class doc)."""
+        if not self.lookahead:
+            return
+        self._submit = submit
+        for i, step in enumerate(steps):
+            self._ahead[int(step)] = (uploads["indicator"][i], present[i])
+        self._start([int(step) for step in steps])
+
+    def _start(self, steps: Sequence[int]) -> None:
+        """Push ``steps``' indicators into the plan (a copy of the memory at first) and submit each step's round."""
+        if self._plan is None:
+            self._plan = IndicatorMemory(self.window)
+            self._plan.load_state_dict(self.memory.state_dict())
+        for step in steps:
+            indicators, present = self._ahead[step]
+            self._plan.push(step, indicators, present)
+            window = self._plan.ordered()
+            self._pending[step] = (window, self._submit(self._round, window, step))
+
+    def _round(self, x: torch.Tensor, step: int) -> FedTSADiagnostics:
+        """One round on its own identity-initialised block (thread-safe: it shares no module with other rounds)."""
+        start = time.perf_counter()
+        block = TSBlock(x.shape[-1], temporal=self.temporal, bias=self.bias).to(x.device)
+        diag = self._train_block(x, torch_generator(self.seed, "fedtsa", step), block)
+        diag.seconds = time.perf_counter() - start
+        return diag
+
+    def _planned_round(self, step: int, x: torch.Tensor) -> Optional[FedTSADiagnostics]:
+        """This step's round if it was planned on the window ``x`` the memory now holds; a plan that differs from
+        the memory (an upload rejected, a step not handed over) is cancelled and redone from the memory."""
+        self._ahead.pop(step, None)
+        for stale in [s for s in self._pending if s < step]:
+            self._pending.pop(stale)[1].cancel()
+        planned = self._pending.pop(step, None)
+        if planned is not None and torch.equal(planned[0], x):
+            return planned[1].result()
+        if planned is not None or self._pending:
+            later = sorted(self._ahead)
+            self._drop_plan(keep_ahead=True)
+            self._start(later)
+        return None
+
+    def _drop_plan(self, keep_ahead: bool = False) -> None:
+        """Cancel the planned rounds (and forget the steps handed over unless ``keep_ahead``)."""
+        for _, future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+        self._plan = None
+        if not keep_ahead:
+            self._ahead.clear()
 
     # ------------------------------------------------------------------ the server round
 
@@ -270,9 +364,11 @@ class FedTSA(Strategy):
         device = out.output.device  # the masks are drawn on the CPU generator (same draws on every device)
         return current, _on_device(temporal_mask, device), spatial_mask.to(device)
 
-    def _train_block(self, x: torch.Tensor, generator: torch.Generator) -> FedTSADiagnostics:
-        """Train a TS-Block on X [T', N, D] and return W (the diagnostics carry it and the internals)."""
-        block = self._new_block(x.shape[-1], x.device)
+    def _train_block(self, x: torch.Tensor, generator: torch.Generator,
+                     block: Optional[TSBlock] = None) -> FedTSADiagnostics:
+        """Train a TS-Block (``block``, else this round's ``_new_block``) on X [T', N, D] and return W (the
+        diagnostics carry it and the internals)."""
+        block = self._new_block(x.shape[-1], x.device) if block is None else block
         lam = self.lam if self.augment else 0.0
         steps = self.server_steps if self.trained else 0
         losses = np.zeros((3, steps))
@@ -319,6 +415,7 @@ class FedTSA(Strategy):
                 "block": {k: v.clone() for k, v in self.block.state_dict().items()} if keep else None}
 
     def load_state_dict(self, state: dict) -> None:
+        self._drop_plan()
         self.memory.load_state_dict(state["memory"])
         self.block = None
         if state.get("block") is not None:

@@ -1,0 +1,71 @@
+"""FedTSA's server rounds computed ahead on server threads vs in their step, on Table 1's protocol, in one run.
+
+FedTSA's W_t depends only on the frozen source model's indicators, so the engine can hand the server the next
+steps' indicators and the rounds (100 Adam steps of the TS-Block each) run on ``--threads`` server threads while
+the clients adapt (``Engine.prefetch``; by default every torch thread serves rounds and the clients run on half of
+them). Both modes run the same config (Table 1 NIID, TTA-bn or ``--local tent``, seed 0) for
+``--steps`` steps with ``--threads`` torch threads, alternately ``--repeats`` times; the script checks that every W
+is identical (the accuracy may differ by float rounding, since the clients' thread count differs) and reports
+seconds per step, the speed-up and the projected full protocol (750 steps). ``--steps 750 --repeats 1`` times the full protocol itself.
+
+    OMP_NUM_THREADS=2 python benchmarks/fedtsa_rounds_ahead.py [--threads 2] [--steps 60] [--repeats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from ftta_core.experiment import ExperimentConfig, build_stream, run_experiment
+from results_io import device_name, write_results
+
+PROTOCOL_STEPS = 750
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (split between server and clients ahead)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--local", default="bn", choices=["bn", "tent"])
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    local_params = {"params": "all", "optimizer": "sgd", "lr": 1e-4} if args.local == "tent" else {}
+    cfg = ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", corruptions="all", severity=5, clients=20,
+                           batch_size=10, images_per_client=500, sh=0.2, th=0.02, local=args.local,
+                           local_params=local_params, strategy="fedtsa", seed=0, device=args.device,
+                           max_steps=args.steps)
+    stream = build_stream(cfg, args.device)
+    modes = {"in step": 0, "ahead": None}  # ahead: the default threads (Engine.prefetch)
+    seconds = {mode: [] for mode in modes}
+    results = {}
+    for _ in range(args.repeats):
+        for mode, server_threads in modes.items():
+            t0 = time.perf_counter()
+            results[mode] = run_experiment(cfg, stream=stream, server_threads=server_threads)
+            seconds[mode].append(time.perf_counter() - t0)
+    same_w = bool(np.array_equal(results["in step"].collaboration, results["ahead"].collaboration))
+    accuracy = {mode: float(r.summary["accuracy"]) for mode, r in results.items()}
+    if not same_w:
+        raise SystemExit(f"the two modes computed different W (accuracy {accuracy})")
+    best = {mode: min(v) for mode, v in seconds.items()}
+    result = {"device": args.device, "device_name": device_name(args.device), "threads": args.threads,
+              "local": args.local, "steps": args.steps, "repeats": args.repeats,
+              "seconds": {m: [round(s, 2) for s in v] for m, v in seconds.items()},
+              "ms_per_step": {m: round(1000 * s / args.steps, 1) for m, s in best.items()},
+              "projected_protocol_min": {m: round(s / args.steps * PROTOCOL_STEPS / 60, 2) for m, s in best.items()},
+              "speedup": round(best["in step"] / best["ahead"], 2), "identical_w": same_w, "accuracy": accuracy}
+    rows = "\n".join(f"| {m} | {result['ms_per_step'][m]} | {result['projected_protocol_min'][m]} |" for m in modes)
+    markdown = (f"# FedTSA rounds ahead vs in step ({args.device}, {result['device_name']}, {args.threads} threads, "
+                f"TTA-{args.local}, {args.steps} steps, best of {args.repeats})\n\n"
+                "| server rounds | ms per step | projected 750-step protocol (min) |\n|---|---|---|\n" + rows +
+                f"\n\nSpeed-up {result['speedup']}x; every W identical: {same_w}; accuracy {accuracy}.\n")
+    print(markdown)
+    write_results(result, f"fedtsa_rounds_ahead_{args.local}", args.device, markdown)
+
+
+if __name__ == "__main__":
+    main()
