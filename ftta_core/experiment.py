@@ -391,6 +391,7 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     table = pd.DataFrame(rows)
     collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
     summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes)
+    summary.update(threads=torch.get_num_threads(), server_threads=engine.rounds_ahead_threads)  # for wall_time_s
     if writer is not None:
         writer.finish(table, collab, summary)
     return Results(table, collab, summary)
@@ -503,5 +504,6 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
         table = pd.DataFrame(rows[name])
         summary = summarize(table, cfgs[name], wall, device, upload[name], classes[name])
         summary["shared_pass"] = list(strategies)
+        summary.update(threads=torch.get_num_threads(), server_threads=engine.rounds_ahead_threads)
         out[name] = Results(table, np.stack(weights[name]), summary)
     return out

@@ -614,6 +614,7 @@ def test_run_with_rounds_ahead_interrupted_and_resumed_is_the_plain_run(tmp_path
     assert np.array_equal(resumed.collaboration, plain.collaboration)
     pd.testing.assert_frame_equal(resumed.steps.reset_index(drop=True), plain.steps.reset_index(drop=True),
                                   check_dtype=False)
+    assert (plain.summary["server_threads"], resumed.summary["server_threads"]) == (0, 2)
 
 
 def test_by_default_every_thread_serves_rounds_ahead_and_clients_keep_half():

@@ -97,6 +97,7 @@ class Engine:
         self._horizon: Optional[int] = None  # first step not yet handed to the look-ahead strategies
         self._server_pool: Optional[ThreadPoolExecutor] = None
         self._client_threads: Optional[int] = None  # torch's thread count before ``prefetch`` split the cores
+        self.rounds_ahead_threads = 0  # server threads ``prefetch`` used in this engine's run (0: none)
         self.source_model = self.source_model.to(self.device).eval()
         trainable = self.local.trainable(self.source_model)
         self.bank = make_bank(self.backend, self.source_model, self.n_clients, trainable, self.local.optimizer())
@@ -228,6 +229,7 @@ class Engine:
         if self._server_pool is None:
             self._server_pool = ThreadPoolExecutor(threads, thread_name_prefix="ftta-server",
                                                    initializer=torch.set_num_threads, initargs=(1,))
+            self.rounds_ahead_threads = threads
             if self.server_threads is None:  # auto: the clients keep half of the threads while rounds run ahead
                 self._client_threads = torch.get_num_threads()
                 torch.set_num_threads(max(1, self._client_threads // 2))
