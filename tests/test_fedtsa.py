@@ -629,7 +629,7 @@ def test_by_default_every_thread_serves_rounds_ahead_and_clients_keep_half():
                  n_clients=4)
     stream = small_stream(20)
     eng.prefetch(stream, 0, 20)
-    assert torch.get_num_threads() == 2 and eng._server_pool._max_workers == 4
+    assert torch.get_num_threads() == 2 and eng.rounds_ahead_threads == 4
     assert sorted(eng.strategy._pending) == list(range(16))  # 4 steps ahead per server thread
     eng.step(stream.batch(0))
     eng.prefetch(stream, 1, 20)  # later calls keep the first call's threads (torch's count changed meanwhile)

@@ -1,8 +1,9 @@
 """The one loop: stream -> local method -> uploads -> strategy W -> mix -> predict -> record.
 
 Each phase of a step runs under a ``torch.profiler.record_function`` label (``ftta.source``, ``ftta.adapt``,
-``ftta.uploads``, ``ftta.server``, ``ftta.mix``, ``ftta.predict``), so a profile of any method says where its time
-goes (``benchmarks/where_time_goes.py``); without an active profiler the labels cost about a microsecond each.
+``ftta.uploads``, ``ftta.server``, ``ftta.mix``, ``ftta.predict``; ``ftta.prefetch`` for source passes run ahead),
+so a profile of any method says where its time goes (``benchmarks/where_time_goes.py``); without an active
+profiler the labels cost about a microsecond each.
 """
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ class Engine:
         memory when the step comes. The source forwards are kept for ``local_phase``."""
         planners = [s for s in (strategies or {"": self.strategy}).values() if s.lookahead]
         if self._server_pool is not None:  # decided at the first call (the default then changes torch's threads)
-            threads = self._server_pool._max_workers
+            threads = self.rounds_ahead_threads
         else:
             threads = self.server_threads if self.server_threads is not None else default_server_threads()
         if not planners or threads < 1:
@@ -214,12 +215,13 @@ class Engine:
             return
         steps = list(range(self._horizon, end))
         indicators, present = [], []
-        for t in steps:
-            x = stream.batch(t).images.to(self.device)
-            logits, feats = self._source_forward(x)
-            self._source_ahead[t] = (x, logits, feats)
-            indicators.append(feats.mean(1))
-            present.append(self.present(t))
+        with record_function("ftta.prefetch"):
+            for t in steps:
+                x = stream.batch(t).images.to(self.device)
+                logits, feats = self._source_forward(x)
+                self._source_ahead[t] = (x, logits, feats)
+                indicators.append(feats.mean(1))
+                present.append(self.present(t))
         uploads = {"indicator": torch.stack(indicators)}  # the source model's uploads (``strategies.base``)
         for strategy in planners:
             unknown = sorted(set(strategy.lookahead) - set(uploads))
