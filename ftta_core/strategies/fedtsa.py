@@ -299,7 +299,8 @@ class FedTSA(Strategy):
     def _planned_round(self, step: int, x: torch.Tensor) -> Optional[FedTSADiagnostics]:
         """This step's round if it was planned on the window ``x`` the memory now holds; a plan that differs from
         the memory (an upload rejected, a step not handed over) is cancelled and redone from the memory."""
-        self._ahead.pop(step, None)
+        for served in [s for s in self._ahead if s <= step]:
+            self._ahead.pop(served)
         for stale in [s for s in self._pending if s < step]:
             self._pending.pop(stale)[1].cancel()
         planned = self._pending.pop(step, None)
