@@ -322,9 +322,9 @@ def accuracy_by(steps: pd.DataFrame, column: str) -> Dict[str, Dict[str, float]]
 
 
 def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device: str, upload_bytes: int,
-              classes: Optional[ClassTally] = None) -> dict:
+              classes: Optional[ClassTally] = None, server_threads: int = 0) -> dict:
     """Headline numbers, per-domain and (with ``classes``) per-class accuracies, the config, versions, device and
-    wall time."""
+    wall time (with the torch and server threads it was measured with)."""
     n = steps["n"].sum()
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
             "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
@@ -334,15 +334,17 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
             "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
                                                   "torch": torch.__version__, "numpy": np.__version__,
                                                   "python": platform.python_version()},
-            "device": device, "wall_time_s": round(wall_s, 2)}
+            "device": device, "wall_time_s": round(wall_s, 2), "threads": torch.get_num_threads(),
+            "server_threads": server_threads}
 
 
 def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,
                    data_root: Optional[str] = None, stream: Optional[Stream] = None,
                    server_threads: Optional[int] = None) -> Results:
     """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted.
-    ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; None: torch's thread count,
-    1: none); an execution setting like the thread count, the results do not depend on it."""
+    ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; 0: none; None: torch's
+    thread count, and the clients then run on half of it). An execution setting like the thread count: W is the
+    same bit for bit; the clients' predictions differ at most by the float rounding of their own thread count."""
     from .strategies import build_strategy
     from .training import load_source_model
     from .tta import build_local
@@ -390,8 +392,8 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
         engine.close()
     table = pd.DataFrame(rows)
     collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
-    summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes)
-    summary.update(threads=torch.get_num_threads(), server_threads=engine.rounds_ahead_threads)  # for wall_time_s
+    summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes,
+                        engine.rounds_ahead_threads)
     if writer is not None:
         writer.finish(table, collab, summary)
     return Results(table, collab, summary)
@@ -502,8 +504,7 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     out = {}
     for name in strategies:
         table = pd.DataFrame(rows[name])
-        summary = summarize(table, cfgs[name], wall, device, upload[name], classes[name])
+        summary = summarize(table, cfgs[name], wall, device, upload[name], classes[name], engine.rounds_ahead_threads)
         summary["shared_pass"] = list(strategies)
-        summary.update(threads=torch.get_num_threads(), server_threads=engine.rounds_ahead_threads)
         out[name] = Results(table, np.stack(weights[name]), summary)
     return out

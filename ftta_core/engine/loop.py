@@ -33,8 +33,8 @@ STEPS_AHEAD_PER_THREAD = 4
 def default_server_threads() -> int:
     """Server threads for rounds computed ahead when the run does not say: as many as torch's threads (none with
     one thread, e.g. a run-plan worker). The clients then keep half of them (``Engine.prefetch``): the server
-    threads idle once they are ahead, so the cores are shared, not split (on this 2-core machine 2 server threads
-    and 1 client thread beat 1 + 1 and the plain run, benchmarks/README.md)."""
+    threads idle once they are ahead, so the cores are shared, not split (on 2 cores: 1.64x over the plain run,
+    as 1 + 1; 2 + 2 only 1.29x, benchmarks/README.md)."""
     threads = torch.get_num_threads()
     return threads if threads >= 2 else 0
 
