@@ -60,6 +60,9 @@ def write_eata_source_images(out: Path, seeds: range = range(5)) -> None:
     try:
         for seed in seeds:
             load_source_images(ExperimentConfig(dataset="cifar10").model_name, samples, seed)
+        for path in (out / "cache").iterdir():  # the decoded training split cached on the way (~150 MB): not needed
+            if path.name != "eata_source":
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
     finally:
         os.environ.pop("FTTA_CACHE_DIR") if before is None else os.environ.__setitem__("FTTA_CACHE_DIR", before)
 

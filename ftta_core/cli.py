@@ -67,7 +67,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, dest="max_steps")
     p.add_argument("--smoke", action="store_true", default=None, help="a few steps only")
     p.add_argument("--server-threads", type=int, dest="server_threads",
-                   help="threads for server rounds computed ahead (FedTSA): 0 none; default torch's thread count")
+                   help="threads for server rounds computed ahead (FedTSA): 0 none; default torch's thread count "
+                        "on a CPU, 2 on a GPU")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     p.set_defaults(func=cmd_run)
 

@@ -342,8 +342,8 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
                    data_root: Optional[str] = None, stream: Optional[Stream] = None,
                    server_threads: Optional[int] = None) -> Results:
     """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted.
-    ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; 0: none; None: torch's
-    thread count, and the clients then run on half of it). An execution setting like the thread count: W is the
+    ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; 0: none; None: on a CPU
+    torch's thread count, and the clients then run on half of it; on a GPU two, ``default_server_threads``). An execution setting like the thread count: W is the
     same bit for bit; the clients' predictions differ at most by the float rounding of their own thread count."""
     from .strategies import build_strategy
     from .training import load_source_model

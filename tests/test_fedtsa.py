@@ -508,65 +508,135 @@ def small_stream(steps: int, seed: int = 2, n: int = 4) -> ListStream:
                        for t in range(steps)])
 
 
-@pytest.mark.parametrize("params", [{}, {"augmentation": "count", "select": "best"}, {"variant": "w/o time"}])
+@pytest.mark.parametrize("params", [{}, {"augmentation": "count", "select": "best"}, {"variant": "w/o time"},
+                                    {"rounds_per_batch": 3}, {"rounds_per_batch": 4, "variant": "w/o aug"},
+                                    {"rounds_per_batch": 3, "select": "best"}])
 def test_rounds_computed_ahead_on_server_threads_give_the_same_run(monkeypatch, params):
     """With server threads the engine hands FedTSA the source indicators of the next steps and its rounds run
-    while the clients adapt; every W, diagnostic and prediction is bit for bit that of computing each round in
-    its step, and the rounds did run on the server threads."""
+    while the clients adapt (several as one block of rounds with ``rounds_per_batch``); every W, diagnostic and
+    prediction is bit for bit that of computing each round in its step, and the rounds did run on the server
+    threads."""
     import threading
 
     from ftta_core.engine.loop import run_steps
 
-    threads = []
-    train_block = FedTSA._train_block
+    threads, batches = [], []
+    train = FedTSA._train
 
-    def spy(self, *args, **kwargs):
-        threads.append(threading.current_thread().name)
-        return train_block(self, *args, **kwargs)
+    def spy(self, x, *args, **kwargs):
+        rounds = x.shape[0] if x.dim() == 4 else 1
+        threads.extend([threading.current_thread().name] * rounds)
+        batches.append(rounds)
+        return train(self, x, *args, **kwargs)
 
-    monkeypatch.setattr(FedTSA, "_train_block", spy)
+    monkeypatch.setattr(FedTSA, "_train", spy)
     stream = small_stream(9)
     model = load_source_model("digits_cnn_embedded")
     runs = {}
     for server_threads in (0, 3):
         threads.clear()
+        batches.clear()
         eng = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=4, window=3, **params),
                      n_clients=4, server_threads=server_threads)
         diagnostics = []
         results = run_steps(eng, stream, on_step=lambda r: diagnostics.append(eng.strategy.last_diagnostics))
         eng.close()
-        runs[server_threads] = (results, diagnostics, list(threads))
-    (plain, plain_diag, plain_threads), (ahead, ahead_diag, ahead_threads) = runs[0], runs[3]
+        runs[server_threads] = (results, diagnostics, list(threads), list(batches))
+    (plain, plain_diag, plain_threads, _), (ahead, ahead_diag, ahead_threads, ahead_batches) = runs[0], runs[3]
     assert plain_threads == ["MainThread"] * 9
     assert len(ahead_threads) == 9 and all(name.startswith("ftta-server") for name in ahead_threads)
+    batched = params.get("rounds_per_batch", 1) > 1 and params.get("select") != "best"
+    assert (max(ahead_batches) > 1) == batched  # the windows of full length come in blocks of rounds
+    # a block of rounds is the same computation batched: equal up to float rounding (bmm may sum in another order)
+    same = (lambda u, v: np.allclose(u, v, rtol=0, atol=1e-5)) if batched else np.array_equal
     for a, b in zip(plain, ahead):
-        assert np.array_equal(a.weights, b.weights) and np.array_equal(a.correct_mixed, b.correct_mixed)
+        assert same(a.weights, b.weights) and np.array_equal(a.correct_mixed, b.correct_mixed)
         assert np.array_equal(a.correct_source, b.correct_source)
     for a, b in zip(plain_diag, ahead_diag):
         assert a.step == b.step and list(a.window_steps) == list(b.window_steps)
-        assert np.array_equal(a.loss, b.loss) and torch.equal(a.spatial_mask, b.spatial_mask)
-        assert a.selected_iteration == b.selected_iteration
+        assert same(a.loss, b.loss) and same(a.loss_robustness, b.loss_robustness)
+        assert (a.spatial_mask is None) == (b.spatial_mask is None)
+        assert a.spatial_mask is None or torch.equal(a.spatial_mask, b.spatial_mask)
+        assert a.selected_iteration == b.selected_iteration and a.seconds > 0 and b.seconds > 0
 
 
-def test_a_plan_that_differs_from_the_memory_is_redone():
+@pytest.mark.parametrize("rounds_per_batch", [0, 3])
+def test_a_plan_that_differs_from_the_memory_is_redone(rounds_per_batch):
     """A client whose upload is rejected at a planned step (here: its state was non-finite) changes the memory the
-    plan assumed: that round and every later planned one are recomputed, so W stays that of the plain server."""
+    plan assumed: that round and every later planned one are recomputed (batches of rounds included), so W stays
+    that of the plain server."""
     from concurrent.futures import ThreadPoolExecutor
 
-    steps, n = range(6), 6
+    steps, n = range(9), 6
     valid = [torch.ones(n, dtype=torch.bool) for _ in steps]
-    valid[2] = torch.tensor([True, False, True, True, True, True])
+    valid[4] = torch.tensor([True, False, True, True, True, True])
     plain = build_strategy("fedtsa", server_steps=3, window=3)
     plain.reset(n)
     expected = [plain.collaboration(inputs_for(t, indicators(t), valid[t])) for t in steps]
-    ahead = build_strategy("fedtsa", server_steps=3, window=3)
+    ahead = build_strategy("fedtsa", server_steps=3, window=3, rounds_per_batch=rounds_per_batch)
     ahead.reset(n)
     with ThreadPoolExecutor(2) as pool:
         ahead.plan_rounds(list(steps), {"indicator": torch.stack([indicators(t) for t in steps])},
                           torch.ones(len(steps), n, dtype=torch.bool), pool.submit)
         got = [ahead.collaboration(inputs_for(t, indicators(t), valid[t])) for t in steps]
-    assert all(torch.equal(a, b) for a, b in zip(expected, got))
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-6) for a, b in zip(expected, got))
+    assert rounds_per_batch or all(torch.equal(a, b) for a, b in zip(expected, got))
     assert not ahead._pending and not ahead._ahead
+
+
+@pytest.mark.parametrize("params", [{}, {"variant": "w/o time", "bias": True}, {"variant": "w/o aug"},
+                                    {"mask_mode": "hadamard"}])
+def test_a_block_of_rounds_trains_each_round_as_it_would_alone(params):
+    """``TSBlock(rounds=R)`` trained on R windows at once (``FedTSA._rounds``): each round's W, losses and masks are
+    those of training it alone from its own identity block and generator (up to float rounding)."""
+    strategy = build_strategy("fedtsa", server_steps=6, **params)
+    windows = torch.stack([torch.stack([indicators(10 * r + t, n=5, d=12) for t in range(4)]) for r in range(3)])
+    steps = [7, 8, 11]
+    together = strategy._rounds(windows, steps)
+    for r, step in enumerate(steps):
+        alone = strategy._rounds(windows[r:r + 1], [step])[0]
+        assert torch.allclose(together[r].weights, alone.weights, rtol=0, atol=1e-6)
+        assert torch.allclose(together[r].spatial_attention, alone.spatial_attention, rtol=0, atol=1e-6)
+        assert np.allclose(together[r].loss, alone.loss, rtol=1e-5, atol=1e-9)
+        for name in ("current_mask", "spatial_mask", "temporal_mask"):
+            a, b = getattr(together[r], name), getattr(alone, name)
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert not torch.allclose(together[0].weights, together[1].weights)  # three different rounds
+
+
+def test_rounds_per_batch_by_device_and_validated():
+    """By default one round per batch on a CPU and 64 on a GPU; the variants that read the host every iteration
+    (the code's 'best' selection, counted masks, M^cur on the temporal output) keep rounds apart."""
+    from ftta_core.strategies.ts_block import TSBlock
+
+    assert build_strategy("fedtsa").plan_chunk("cpu") == 1 and build_strategy("fedtsa").plan_chunk("cuda:0") == 64
+    assert build_strategy("fedtsa", rounds_per_batch=8).plan_chunk("cpu") == 8
+    assert build_strategy("fedtsa").batched_rounds and build_strategy("fedtsa", lam=0.0, augmentation="count").batched_rounds
+    for params in ({"select": "best"}, {"augmentation": "count"}, {"graph_on": "temporal"}):
+        assert not build_strategy("fedtsa", **params).batched_rounds
+    with pytest.raises(ValueError, match="rounds_per_batch"):
+        build_strategy("fedtsa", rounds_per_batch=-1)
+    with pytest.raises(ValueError, match="rounds"):
+        TSBlock(8, rounds=0)
+    with pytest.raises(ValueError, match=r"X \[2, T, N, 8\]"):
+        TSBlock(8, rounds=2)(torch.rand(3, 4, 5, 8))
+    with pytest.raises(ValueError, match="one at a time"):
+        strategy = build_strategy("fedtsa", select="best", server_steps=2)
+        strategy._train(torch.rand(2, 3, 4, 8), [torch.Generator()] * 2, TSBlock(8, rounds=2))
+
+
+def test_prefetch_hands_a_batching_strategy_its_steps_in_chunks():
+    """A strategy that batches R rounds gets the steps two chunks ahead, a chunk at a time."""
+    stream = small_stream(30)
+    eng = Engine(load_source_model("digits_cnn_embedded"), build_local("bn"),
+                 build_strategy("fedtsa", server_steps=2, rounds_per_batch=5), n_clients=4, server_threads=1)
+    eng.prefetch(stream, 0, 30)
+    assert sorted(eng.strategy._pending) == list(range(10))
+    for t in range(5):
+        eng.step(stream.batch(t))
+        eng.prefetch(stream, t + 1, 30)
+        assert sorted(eng.strategy._pending) == list(range(t + 1, 10 if t < 4 else 15))
+    eng.close()
 
 
 def test_prefetched_source_pass_is_used_only_for_the_same_batch():
@@ -623,6 +693,7 @@ def test_by_default_every_thread_serves_rounds_ahead_and_clients_keep_half():
     from ftta_core.engine.loop import default_server_threads
 
     assert default_server_threads() == 0  # the one_thread fixture
+    assert default_server_threads("cuda:0") == 2  # on a GPU the threads only launch the (batched) rounds
     torch.set_num_threads(4)
     assert default_server_threads() == 4
     eng = Engine(load_source_model("digits_cnn_embedded"), build_local("bn"), build_strategy("fedtsa", server_steps=2),

@@ -28,13 +28,18 @@ log = logging.getLogger(__name__)
 
 # how many steps ahead of the current one the engine hands look-ahead strategies their uploads, per server thread
 STEPS_AHEAD_PER_THREAD = 4
+# server threads on a GPU: they only launch the rounds' kernels (batched, ``Strategy.plan_chunk``)
+GPU_SERVER_THREADS = 2
 
 
-def default_server_threads() -> int:
-    """Server threads for rounds computed ahead when the run does not say: as many as torch's threads (none with
-    one thread, e.g. a run-plan worker). The clients then keep half of them (``Engine.prefetch``): the server
-    threads idle once they are ahead, so the cores are shared, not split (on 2 cores: 1.64x over the plain run,
-    as 1 + 1; 2 + 2 only 1.29x, benchmarks/README.md)."""
+def default_server_threads(device: torch.device | str = "cpu") -> int:
+    """Server threads for rounds computed ahead when the run does not say. On a CPU: as many as torch's threads
+    (none with one thread, e.g. a run-plan worker); the clients then keep half of them (``Engine.prefetch``): the
+    server threads idle once they are ahead, so the cores are shared, not split (on 2 cores: 1.64x over the plain
+    run, as 1 + 1; 2 + 2 only 1.29x, benchmarks/README.md). On a GPU: ``GPU_SERVER_THREADS`` whatever torch's
+    count (the rounds compute on the GPU; the threads launch them), and the clients keep their threads."""
+    if torch.device(device).type == "cuda":
+        return GPU_SERVER_THREADS
     threads = torch.get_num_threads()
     return threads if threads >= 2 else 0
 
@@ -200,18 +205,21 @@ class Engine:
         is given (default: this engine's) and there are server threads (``server_threads``; by default as many as
         torch's threads, and the clients' work then runs on half of those until ``close``). W is unchanged bit for
         bit: each round is the same single-threaded computation, and the strategy checks its plan against its
-        memory when the step comes. The source forwards are kept for ``local_phase``."""
+        memory when the step comes. The source forwards are kept for ``local_phase``. Steps are handed over
+        ``STEPS_AHEAD_PER_THREAD`` per server thread ahead, or in chunks of ``Strategy.plan_chunk`` (two chunks
+        ahead) for a strategy that batches its rounds (FedTSA on a GPU)."""
         planners = [s for s in (strategies or {"": self.strategy}).values() if s.lookahead]
         if self._server_pool is not None:  # decided at the first call (the default then changes torch's threads)
             threads = self.rounds_ahead_threads
         else:
-            threads = self.server_threads if self.server_threads is not None else default_server_threads()
+            threads = self.server_threads if self.server_threads is not None else default_server_threads(self.device)
         if not planners or threads < 1:
             return
         if self._horizon is None or self._horizon < step:
             self._horizon = step
-        end = min(stop, step + STEPS_AHEAD_PER_THREAD * threads)
-        if self._horizon >= end:
+        chunk = max(s.plan_chunk(self.device) for s in planners)  # steps a planner takes at once (batched rounds)
+        end = min(stop, step + max(STEPS_AHEAD_PER_THREAD * threads, 2 * chunk))
+        if self._horizon >= end or (end - self._horizon < chunk and end < stop):
             return
         steps = list(range(self._horizon, end))
         indicators, present = [], []
@@ -232,7 +240,8 @@ class Engine:
             self._server_pool = ThreadPoolExecutor(threads, thread_name_prefix="ftta-server",
                                                    initializer=torch.set_num_threads, initargs=(1,))
             self.rounds_ahead_threads = threads
-            if self.server_threads is None:  # auto: the clients keep half of the threads while rounds run ahead
+            if self.server_threads is None and torch.device(self.device).type != "cuda":  # auto, on a CPU: the
+                # clients keep half of the threads while rounds run ahead
                 self._client_threads = torch.get_num_threads()
                 torch.set_num_threads(max(1, self._client_threads // 2))
         for strategy in planners:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 
 import torch
 
-from ..engine.bank import ClientBank, LossFn
+from ..engine.bank import ClientBank, ForwardOutput, LossFn
 from ..engine.mixing import mix_state
 
 if TYPE_CHECKING:  # only for annotations: the engine passes its local method to ``probe_uploads``
@@ -32,6 +32,33 @@ class ServerInputs:
     valid: torch.Tensor
     sizes: Optional[torch.Tensor] = None  # samples per client this step (FedAvg weights)
     extra: Dict[str, object] = field(default_factory=dict)
+
+
+class InputRegularizer:
+    """A client regulariser whose targets are outputs of reference models on the inputs the clients train on
+    (MOON's features of the received and previous models, pFedSD's teacher logits): ``targets(x)`` computes them
+    (no gradient) for inputs x [N, B, ...], ``loss(out, targets, clients)`` gives the per-client term. Built on the
+    step's batch; a local method that trains on other inputs (RoTTA on its memory) calls ``on(its_inputs)``
+    (``tta.base.regularizer_on``). Training on inputs of another shape than the targets' is an error, never a
+    silent mismatch."""
+
+    def __init__(self, targets: Callable[[torch.Tensor], object],
+                 loss: Callable[["ForwardOutput", object, slice], torch.Tensor], x: torch.Tensor) -> None:
+        self._targets_of, self._loss = targets, loss
+        self.inputs_shape = tuple(x.shape)
+        with torch.no_grad():
+            self.targets = targets(x)
+
+    def on(self, x: torch.Tensor) -> "InputRegularizer":
+        """The same regulariser with its targets computed on ``x`` [N, B', ...]."""
+        return InputRegularizer(self._targets_of, self._loss, x)
+
+    def __call__(self, out: "ForwardOutput", params: Dict[str, torch.Tensor], x: torch.Tensor,
+                 clients: slice) -> torch.Tensor:
+        if tuple(x.shape[1:]) != self.inputs_shape[1:]:
+            raise ValueError(f"the regulariser's targets were computed on inputs {self.inputs_shape}, the clients "
+                             f"train on {tuple(x.shape)}: build it on those inputs (regularizer_on)")
+        return self._loss(out, self.targets, clients)
 
 
 class Strategy(ABC):
@@ -80,6 +107,11 @@ class Strategy(ABC):
         if missing:
             raise KeyError(f"strategy {self.name} needs uploads {missing} the engine did not compute")
         return {k: context[k] for k in self.needs}
+
+    def plan_chunk(self, device: torch.device | str) -> int:
+        """How many future steps the strategy wants handed over at once by ``plan_rounds`` on ``device`` (e.g. the
+        rounds it trains as one batch); 1 by default."""
+        return 1
 
     def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,
                     submit: Callable[..., Future]) -> None:

@@ -6,7 +6,7 @@ import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -157,6 +157,18 @@ def detached_attention(out: TSBlockOutput) -> Tuple[torch.Tensor, Optional[torch
     return out.spatial_attention.detach().clone(), temporal
 
 
+def round_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The mean squared error of one round's windows [T, N, D] (a scalar), or of each of R rounds [R, T, N, D] ([R])."""
+    if a.dim() == 3:
+        return F.mse_loss(a, b)
+    return F.mse_loss(a, b, reduction="none").flatten(1).mean(1)
+
+
+# rounds per batch when ``rounds_per_batch`` is left to the device: batched rounds are what a GPU needs (one round
+# is launch-bound there); on a CPU they are no faster than separate rounds (benchmarks/README.md)
+AUTO_ROUNDS_PER_BATCH = {"cpu": 1, "cuda": 64}
+
+
 class FedTSA(Strategy):
     """W_t = the spatial attention of a TS-Block over the last T indicator steps, trained with L_tsa (Eq. 18).
 
@@ -189,6 +201,12 @@ class FedTSA(Strategy):
     (``Engine.prefetch``) and the rounds run on server threads while the clients adapt (``plan_rounds``). When its
     step comes, a planned round is used only if its window equals the memory's (else it is recomputed and the rest
     of the plan redone, e.g. after a rejected upload), so W is bit for bit the W of computing each round in turn.
+    ``rounds_per_batch`` R > 1 trains up to R planned rounds with windows of one shape as one block of R rounds
+    (``TSBlock(rounds=R)``; ``batched_rounds`` variants only): the same computation batched, so W equals that of
+    separate rounds up to float rounding (batched matmuls may sum in another order; on this CPU they often match
+    bit for bit, not always).
+    0 (default) picks by device: 1 on a CPU, where batching is no faster, 64 on a GPU, where a single round is a
+    few hundred tiny kernel launches per iteration (``AUTO_ROUNDS_PER_BATCH``).
     """
 
     name = "fedtsa"
@@ -197,7 +215,8 @@ class FedTSA(Strategy):
     def __init__(self, window: int = 10, lam: float = 1.0, lr: float = 1e-3, server_steps: int = 100,
                  augmentation: str = "bernoulli", temporal_drop: float = 0.75, edge_drop: float = 0.8,
                  edge_add: float = 0.2, variant: str = "full", mask_mode: str = "exclude", select: str = "final",
-                 graph_on: str = "indicator", bias: bool = False, warm_start: bool = False, seed: int = 0) -> None:
+                 graph_on: str = "indicator", bias: bool = False, warm_start: bool = False, seed: int = 0,
+                 rounds_per_batch: int = 0) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         if lam < 0:
@@ -206,6 +225,8 @@ class FedTSA(Strategy):
             raise ValueError(f"lr must be positive, got {lr}")
         if server_steps < 0:
             raise ValueError(f"server_steps must be >= 0, got {server_steps}")
+        if rounds_per_batch < 0:
+            raise ValueError(f"rounds_per_batch must be >= 0 (0: by device), got {rounds_per_batch}")
         check_choice("augmentation", augmentation, AUGMENTATIONS)
         for label, rate in (("temporal_drop", temporal_drop), ("edge_drop", edge_drop), ("edge_add", edge_add)):
             if not 0.0 <= rate <= 1.0:
@@ -219,7 +240,7 @@ class FedTSA(Strategy):
         self.augmentation, self.temporal_drop, self.edge_drop, self.edge_add = (augmentation, temporal_drop,
                                                                                 edge_drop, edge_add)
         self.mask_mode, self.select, self.graph_on, self.bias = mask_mode, select, graph_on, bias
-        self.warm_start, self.seed = warm_start, int(seed)
+        self.warm_start, self.seed, self.rounds_per_batch = warm_start, int(seed), int(rounds_per_batch)
         self.memory = IndicatorMemory(self.window)
         self.block: Optional[TSBlock] = None  # one block object, re-initialised each round unless warm_start
         self.last_diagnostics: Optional[FedTSADiagnostics] = None
@@ -267,6 +288,12 @@ class FedTSA(Strategy):
 
     # ------------------------------------------------------------------ rounds ahead
 
+    def plan_chunk(self, device: torch.device | str) -> int:
+        """Steps to hand over at once: the rounds of one batch (``rounds_per_batch``, by default by ``device``)."""
+        if self.rounds_per_batch:
+            return self.rounds_per_batch
+        return AUTO_ROUNDS_PER_BATCH.get(torch.device(device).type, 1)
+
     def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,
                     submit: Callable[..., Future]) -> None:
         """Start the rounds of ``steps`` on server threads from their indicators [S, N, D] (see the class doc)."""
@@ -278,34 +305,61 @@ class FedTSA(Strategy):
         self._start([int(step) for step in steps])
 
     def _start(self, steps: Sequence[int]) -> None:
-        """Push ``steps``' indicators into the plan (a copy of the memory at first) and submit each step's round."""
+        """Push ``steps``' indicators into the plan (a copy of the memory at first) and submit their rounds: one
+        batch per run of consecutive steps whose windows have the same shape, at most ``plan_chunk`` rounds each."""
         if self._plan is None:
             self._plan = IndicatorMemory(self.window)
             self._plan.load_state_dict(self.memory.state_dict())
+        batch: List[Tuple[int, torch.Tensor]] = []
         for step in steps:
             indicators, present = self._ahead[step]
             self._plan.push(step, indicators, present)
             window = self._plan.ordered()
-            self._pending[step] = (window, self._submit(self._round, window, step))
+            per_batch = self.plan_chunk(window.device) if self.batched_rounds else 1
+            if batch and (len(batch) >= per_batch or batch[-1][1].shape != window.shape):
+                self._submit_batch(batch)
+                batch = []
+            batch.append((step, window))
+        if batch:
+            self._submit_batch(batch)
 
-    def _round(self, x: torch.Tensor, step: int) -> FedTSADiagnostics:
-        """One round on its own identity-initialised block (thread-safe: it shares no module with other rounds)."""
+    def _submit_batch(self, batch: Sequence[Tuple[int, torch.Tensor]]) -> None:
+        """Submit the rounds of ``batch`` [(step, window)] as one job; each step's entry points into its result."""
+        steps = [step for step, _ in batch]
+        future = self._submit(self._rounds, torch.stack([window for _, window in batch]), steps)
+        for i, (step, window) in enumerate(batch):
+            self._pending[step] = (window, future, i)
+
+    def _rounds(self, windows: torch.Tensor, steps: Sequence[int]) -> List[FedTSADiagnostics]:
+        """The rounds of ``steps`` on their windows [R, T', N, D]: one round on its own identity-initialised block,
+        several as one block of R rounds (thread-safe: it shares no module with other rounds)."""
         start = time.perf_counter()
-        block = TSBlock(x.shape[-1], temporal=self.temporal, bias=self.bias).to(x.device)
-        diag = self._train_block(x, torch_generator(self.seed, "fedtsa", step), block)
-        diag.seconds = time.perf_counter() - start
-        return diag
+        generators = [torch_generator(self.seed, "fedtsa", step) for step in steps]
+        if len(steps) == 1:
+            block = TSBlock(windows.shape[-1], temporal=self.temporal, bias=self.bias).to(windows.device)
+            diagnostics = [self._train_block(windows[0], generators[0], block)]
+        else:
+            block = TSBlock(windows.shape[-1], temporal=self.temporal, bias=self.bias,
+                            rounds=len(steps)).to(windows.device)
+            diagnostics = self._train(windows, generators, block)
+        seconds = (time.perf_counter() - start) / len(steps)
+        for diag in diagnostics:
+            diag.seconds = seconds
+        return diagnostics
 
     def _planned_round(self, step: int, x: torch.Tensor) -> Optional[FedTSADiagnostics]:
         """This step's round if it was planned on the window ``x`` the memory now holds; a plan that differs from
         the memory (an upload rejected, a step not handed over) is cancelled and redone from the memory."""
         for served in [s for s in self._ahead if s <= step]:
             self._ahead.pop(served)
-        for stale in [s for s in self._pending if s < step]:
-            self._pending.pop(stale)[1].cancel()
+        stale = [self._pending.pop(s)[1] for s in [s for s in self._pending if s < step]]
+        live = {id(entry[1]) for entry in self._pending.values()}
+        for future in stale:
+            if id(future) not in live:  # a batch is cancelled only when none of its steps is still to come
+                future.cancel()
         planned = self._pending.pop(step, None)
         if planned is not None and torch.equal(planned[0], x):
-            return planned[1].result()
+            return planned[1].result()[planned[2]]
         if planned is not None or self._pending:
             later = sorted(self._ahead)
             self._drop_plan(keep_ahead=True)
@@ -314,7 +368,7 @@ class FedTSA(Strategy):
 
     def _drop_plan(self, keep_ahead: bool = False) -> None:
         """Cancel the planned rounds (and forget the steps handed over unless ``keep_ahead``)."""
-        for _, future in self._pending.values():
+        for _, future, _ in self._pending.values():
             future.cancel()
         self._pending.clear()
         self._plan = None
@@ -322,6 +376,15 @@ class FedTSA(Strategy):
             self._ahead.clear()
 
     # ------------------------------------------------------------------ the server round
+
+    @property
+    def batched_rounds(self) -> bool:
+        """Whether rounds can be trained as one block of R rounds: the paper's defaults ('final' selection, M^cur
+        from the raw indicators, Bernoulli masks drawn up front or no augmentation); the code's 'best' selection
+        and counted masks read values on the host every iteration, so those variants run round by round."""
+        augmented = self.augment and self.lam > 0
+        return (self.select == "final" and self.graph_on == "indicator"
+                and (not augmented or self.augmentation == "bernoulli"))
 
     def _new_block(self, dim: int, device: torch.device) -> TSBlock:
         """This round's block: last round's with ``warm_start``, else the same object reset to the identity (a fresh
@@ -336,18 +399,19 @@ class FedTSA(Strategy):
     def _iteration(self, block: TSBlock, x: torch.Tensor, indicator_mask: torch.Tensor,
                    generator: Optional[torch.Generator], temporal_u: Optional[torch.Tensor],
                    spatial_u: Optional[torch.Tensor]):
-        """One server iteration's forward: the plain pass, the masks and the augmented pass, and L_tsa (Eq. 18).
-        Returns (loss, regularization, robustness, plain pass output, masks (M^cur, M^tem, M^spa))."""
+        """One server iteration's forward: the plain pass, the masks and the augmented pass, and L_tsa (Eq. 18)
+        (per round [R] for a block of R rounds). Returns (loss, regularization, robustness, plain pass output,
+        masks (M^cur, M^tem, M^spa))."""
         out = block(x)
-        loss_reg = F.mse_loss(out.output, x)
-        loss_rob = torch.zeros((), device=x.device)
+        loss_reg = round_mse(out.output, x)
+        loss_rob = torch.zeros(x.shape[:-3], device=x.device)
         masks = (indicator_mask, None, None)
         lam = self.lam if self.augment else 0.0
         if lam > 0:
             masks = self._masks(out, indicator_mask, generator, (temporal_u, spatial_u))
             aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
                         projections=out.projections)
-            loss_rob = F.mse_loss(out.output, aug.output)
+            loss_rob = round_mse(out.output, aug.output)
         return loss_reg + lam * loss_rob, loss_reg, loss_rob, out, masks
 
     def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: Optional[torch.Generator],
@@ -360,8 +424,8 @@ class FedTSA(Strategy):
         if self.temporal:
             temporal_mask = sample_temporal_mask(out.temporal_attention, generator, self.augmentation,
                                                  self.temporal_drop, uniform=uniforms[0])
-        spatial_mask = sample_spatial_mask(out.spatial_attention[-1], current, generator, self.augmentation,
-                                           self.edge_drop, self.edge_add, uniform=uniforms[1])
+        spatial_mask = sample_spatial_mask(out.spatial_attention[..., -1, :, :], current, generator,
+                                           self.augmentation, self.edge_drop, self.edge_add, uniform=uniforms[1])
         device = out.output.device  # the masks are drawn on the CPU generator (same draws on every device)
         return current, _on_device(temporal_mask, device), spatial_mask.to(device)
 
@@ -370,10 +434,19 @@ class FedTSA(Strategy):
         """Train a TS-Block (``block``, else this round's ``_new_block``) on X [T', N, D] and return W (the
         diagnostics carry it and the internals)."""
         block = self._new_block(x.shape[-1], x.device) if block is None else block
+        return self._train(x, [generator], block)[0]
+
+    def _train(self, x: torch.Tensor, generators: Sequence[torch.Generator], block: TSBlock) -> List[FedTSADiagnostics]:
+        """Train ``block`` on one window X [T', N, D] (one generator), or a block of R rounds on windows
+        [R, T', N, D] (one generator each, ``batched_rounds`` only); the diagnostics of each round, W included."""
+        batched = x.dim() == 4
+        if batched and not self.batched_rounds:
+            raise ValueError("this FedTSA variant trains its rounds one at a time (see batched_rounds)")
         lam = self.lam if self.augment else 0.0
         steps = self.server_steps if self.trained else 0
-        losses = np.zeros((3, steps))
-        indicator_mask = similarity_mask(x[-1])
+        windows = x if batched else x[None]
+        indicator_mask = torch.stack([similarity_mask(window[-1]) for window in windows])
+        indicator_mask = indicator_mask if batched else indicator_mask[0]
         masks = (indicator_mask, None, None)
         selected = (float("inf"), None, -1)  # (loss, (spatial, temporal) attention, iteration)
         optimizer = torch.optim.Adam(block.parameters(), lr=self.lr, fused=True) if steps else None
@@ -381,31 +454,47 @@ class FedTSA(Strategy):
         # are drawn up front from the same CPU generator in the same order (same masks as drawing them one
         # iteration at a time), and the losses stay on the device until the round ends
         predrawn = lam > 0 and self.augmentation == "bernoulli"
-        temporal_u, spatial_u = (bernoulli_uniforms(steps, x.shape[1], x.shape[0], self.temporal, generator, x.device)
-                                 if predrawn else (None, None))
+        temporal_u, spatial_u = None, None
+        if predrawn:
+            draws = [bernoulli_uniforms(steps, x.shape[-2], x.shape[-3], self.temporal, generator, x.device)
+                     for generator in generators]
+            temporal_u = None if draws[0][0] is None else torch.stack([d[0] for d in draws], 1)
+            spatial_u = torch.stack([d[1] for d in draws], 1)
+            if not batched:
+                temporal_u, spatial_u = None if temporal_u is None else temporal_u[:, 0], spatial_u[:, 0]
+        losses = np.zeros((3, steps))
         loss_log = []  # per iteration: (loss, regularization, robustness), kept on the device
         for it in range(steps):
             loss, loss_reg, loss_rob, out, masks = self._iteration(
-                block, x, indicator_mask, None if predrawn else generator,
+                block, x, indicator_mask, None if predrawn else generators[0],
                 None if temporal_u is None else temporal_u[it], None if spatial_u is None else spatial_u[it])
             loss_log.append(torch.stack([loss, loss_reg, loss_rob]).detach())
-            if self.select == "best":
+            if self.select == "best" and not batched:
                 losses[:, it] = loss_log[-1].tolist()  # 'best' reads the loss: one host sync per iteration
                 if losses[0, it] < selected[0]:
                     selected = (losses[0, it], detached_attention(out), it)
             optimizer.zero_grad()
-            loss.backward()
+            (loss.sum() if batched else loss).backward()
             optimizer.step()
-        if steps:
-            losses = torch.stack(loss_log, dim=1).cpu().double().numpy()
+        losses = (torch.stack(loss_log, dim=1).cpu().double().numpy() if steps
+                  else np.zeros((3, steps, *x.shape[:-3])))  # [3, steps] or [3, steps, R]
         if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now
             with torch.no_grad():
                 selected = (float("nan"), detached_attention(block(x)), -1)
         spatial, temporal = (_on_cpu(a) for a in selected[1])
-        weights = spatial[-1].float()
-        weights = weights / weights.sum(1, keepdim=True)  # exact row sums after float rounding
-        return FedTSADiagnostics(-1, np.zeros(0), weights, spatial, temporal, _on_cpu(masks[0]), _on_cpu(masks[2]),
-                                 _on_cpu(masks[1]), losses[0], losses[1], losses[2], selected[2], 0.0)
+        masks = tuple(_on_cpu(m) for m in masks)
+        if not batched:
+            spatial, temporal, losses = spatial[None], None if temporal is None else temporal[None], losses[..., None]
+            masks = tuple(None if m is None else m[None] for m in masks)
+        diagnostics = []
+        for r in range(windows.shape[0]):
+            weights = spatial[r, -1].float()
+            weights = weights / weights.sum(1, keepdim=True)  # exact row sums after float rounding
+            diagnostics.append(FedTSADiagnostics(
+                -1, np.zeros(0), weights, spatial[r], None if temporal is None else temporal[r], masks[0][r],
+                None if masks[2] is None else masks[2][r], None if masks[1] is None else masks[1][r],
+                losses[0, :, r], losses[1, :, r], losses[2, :, r], selected[2], 0.0))
+        return diagnostics
 
     # ------------------------------------------------------------------ memory
 

@@ -1,13 +1,13 @@
 """MOON (Li et al., CVPR 2021): FedAvg plus a model-contrastive client loss on the penultimate features."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
-from .base import RemembersStates
+from .base import InputRegularizer, RemembersStates
 from .basic import FedAvg
 
 
@@ -37,12 +37,13 @@ class MOON(RemembersStates, FedAvg):
         received, previous = self.memory.params(bank, "received"), self.memory.params(bank, "local")
         if received is None or previous is None or self.mu == 0:
             return None
-        with torch.no_grad():
-            z_glob = bank.forward(x, "batch", params=received).features
-            z_prev = bank.forward(x, "batch", params=previous).features
         mu, tau = self.mu, self.tau
 
-        def loss(out: ForwardOutput, params: Dict[str, torch.Tensor], x_: torch.Tensor, clients: slice) -> torch.Tensor:
-            return mu * moon_loss(out.features, z_glob[clients], z_prev[clients], tau)
+        def targets(inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+            return (bank.forward(inputs, "batch", params=received).features,
+                    bank.forward(inputs, "batch", params=previous).features)
 
-        return loss
+        def loss(out: ForwardOutput, z: Tuple[torch.Tensor, torch.Tensor], clients: slice) -> torch.Tensor:
+            return mu * moon_loss(out.features, z[0][clients], z[1][clients], tau)
+
+        return InputRegularizer(targets, loss, x)

@@ -1,12 +1,12 @@
 """pFedSD (Jin et al. 2022): FedAvg plus self-distillation from the client's previous personalised model."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Optional
 
 import torch
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
-from .base import RemembersStates
+from .base import InputRegularizer, RemembersStates
 from .basic import FedAvg
 from ..validation import check_choice
 
@@ -43,11 +43,12 @@ class PFedSD(RemembersStates, FedAvg):
         teacher = self.memory.params(bank, self.teacher)
         if teacher is None or self.lam == 0:
             return None
-        with torch.no_grad():
-            teacher_logits = bank.forward(x, "batch", params=teacher).logits
         lam, temperature = self.lam, self.temperature
 
-        def loss(out: ForwardOutput, params: Dict[str, torch.Tensor], x_: torch.Tensor, clients: slice) -> torch.Tensor:
+        def targets(inputs: torch.Tensor) -> torch.Tensor:
+            return bank.forward(inputs, "batch", params=teacher).logits
+
+        def loss(out: ForwardOutput, teacher_logits: torch.Tensor, clients: slice) -> torch.Tensor:
             return lam * distillation_loss(out.logits, teacher_logits[clients], temperature)
 
-        return loss
+        return InputRegularizer(targets, loss, x)

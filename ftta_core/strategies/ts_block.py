@@ -2,7 +2,8 @@
 
 Shapes: a memory window X [T, N, D] (T steps, oldest first; N clients; D indicator features). Temporal attention is
 computed per client over its T steps ([N, T, T]), spatial attention per step over the N clients ([T, N, N]).
-Masks are boolean: True = the entry takes part in the attention.
+Masks are boolean: True = the entry takes part in the attention. A block of R rounds (``TSBlock(rounds=R)``) trains
+R independent blocks at once on windows [R, T, N, D]; every shape above then gains a leading R.
 """
 from __future__ import annotations
 
@@ -74,28 +75,41 @@ class TSBlock(nn.Module):
     the attention mixes rows with weights summing to one, so the block projects X once and mixes projected rows
     after that (``TSProjections``): the same function as projecting X_TA (equal up to float reassociation), with a
     third of the matmul work for a plain plus an augmented pass, forward and backward.
+
+    Rounds at once: ``rounds=R`` holds R independent blocks (``qk_weight`` [R, H*D, D], ``qk_bias`` [R, H*D]) that
+    map windows [R, T, N, D]; trained on the sum of their losses with Adam (element-wise), each block takes the
+    steps it would take alone. A pass then launches as many kernels for R rounds as for one, which is what a GPU
+    needs (there a round is launch-bound).
     """
 
-    def __init__(self, dim: int, temporal: bool = True, bias: bool = False) -> None:
+    def __init__(self, dim: int, temporal: bool = True, bias: bool = False, rounds: Optional[int] = None) -> None:
         super().__init__()
-        self.dim, self.temporal = dim, temporal
+        if rounds is not None and rounds < 1:
+            raise ValueError(f"rounds must be >= 1 or None, got {rounds}")
+        self.dim, self.temporal, self.rounds = dim, temporal, rounds
         self.heads = (TEMPORAL_HEADS if temporal else ()) + SPATIAL_HEADS
-        self.qk_weight = nn.Parameter(torch.eye(dim).repeat(len(self.heads), 1))
-        self.qk_bias = nn.Parameter(torch.zeros(len(self.heads) * dim)) if bias else None
+        lead = () if rounds is None else (rounds,)
+        self.qk_weight = nn.Parameter(self._identity().expand(*lead, -1, -1).clone())
+        self.qk_bias = nn.Parameter(torch.zeros(*lead, len(self.heads) * dim)) if bias else None
+
+    def _identity(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The identity initialisation of one block's Q/K weights [H*D, D]."""
+        return torch.eye(self.dim, device=device).repeat(len(self.heads), 1)
 
     def reset_parameters(self) -> None:
         """Back to the identity initialisation, in place (the module and its parameter objects stay the same)."""
         with torch.no_grad():
-            self.qk_weight.copy_(torch.eye(self.dim, device=self.qk_weight.device).repeat(len(self.heads), 1))
+            self.qk_weight.copy_(self._identity(self.qk_weight.device).expand_as(self.qk_weight))
             if self.qk_bias is not None:
                 self.qk_bias.zero_()
 
     def head_weight(self, name: str) -> torch.Tensor:
-        """The [D, D] weight of one Q/K head (one of ``self.heads``: 'temporal_query', ..., 'spatial_key'), a view."""
+        """The [D, D] weight of one Q/K head (one of ``self.heads``: 'temporal_query', ..., 'spatial_key'), a view
+        ([R, D, D] in a block of R rounds)."""
         if name not in self.heads:
             raise KeyError(f"unknown head {name!r}; this block has {self.heads}")
         i = self.heads.index(name)
-        return self.qk_weight[i * self.dim:(i + 1) * self.dim]
+        return self.qk_weight[..., i * self.dim:(i + 1) * self.dim, :]
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # type: ignore[override]
         """Also load blocks saved with one ``Linear`` per head (``spatial_query.weight``, ...; before the fusion)."""
@@ -107,8 +121,14 @@ class TSBlock(nn.Module):
 
     def project(self, x: torch.Tensor) -> TSProjections:
         """All Q/K projections of X [T, N, D] in one matmul, client-major."""
-        values = x.transpose(0, 1).contiguous()  # [N, T, D]
-        proj = F.linear(values, self.qk_weight, self.qk_bias)
+        values = x.transpose(-3, -2).contiguous()  # [N, T, D]
+        if self.rounds is None:
+            proj = F.linear(values, self.qk_weight, self.qk_bias)
+        else:  # one bmm: [R, N*T, D] @ [R, D, H*D] (a broadcast matmul would copy each weight N times)
+            r, n, t, d = values.shape
+            rows, weight = values.view(r, n * t, d), self.qk_weight.transpose(-1, -2)
+            proj = (torch.bmm(rows, weight) if self.qk_bias is None
+                    else torch.baddbmm(self.qk_bias.unsqueeze(-2), rows, weight)).view(r, n, t, -1)
         if self.temporal:  # split (not slicing): its backward is one concatenation, not zero-filled copies
             query, key, spatial = proj.split([self.dim, self.dim, 2 * self.dim], dim=-1)
             return TSProjections(values, query, key, spatial)
@@ -117,7 +137,7 @@ class TSBlock(nn.Module):
     def temporal_scores(self, x: torch.Tensor, projections: Optional[TSProjections] = None) -> torch.Tensor:
         """A^(T)_i = Q_i K_i^T / sqrt(D) for every client i (Eq. 10): [T, N, D] -> [N, T, T]."""
         p = self.project(x) if projections is None else projections
-        return p.temporal_query @ p.temporal_key.transpose(1, 2) / math.sqrt(self.dim)
+        return p.temporal_query @ p.temporal_key.transpose(-1, -2) / math.sqrt(self.dim)
 
     def forward(self, x: torch.Tensor, temporal_mask: Optional[torch.Tensor] = None,
                 spatial_mask: Optional[torch.Tensor] = None, mask_mode: str = "exclude",
@@ -128,19 +148,23 @@ class TSBlock(nn.Module):
         ``temporal_scores`` and ``projections`` let a second (masked) pass reuse the first pass's A^(T) and
         projections (``TSBlockOutput.projections``): both see the same X.
         """
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"TS-Block expects X [T, N, {self.dim}], got {tuple(x.shape)}")
+        lead = () if self.rounds is None else (self.rounds,)
+        if x.dim() != 3 + len(lead) or x.shape[:-3] != lead or x.shape[-1] != self.dim:
+            raise ValueError(f"TS-Block expects X [{''.join(f'{r}, ' for r in lead)}T, N, {self.dim}], "
+                             f"got {tuple(x.shape)}")
         p = self.project(x) if projections is None else projections
         spatial = p.spatial  # [N, T, 2D]: spatial Q|K of X
         if self.temporal:
             scores_t = self.temporal_scores(x, p) if temporal_scores is None else temporal_scores
             att_t = masked_softmax(scores_t, temporal_mask, mask_mode)  # [N, T, T]
-            x_ta = (att_t @ p.values).transpose(0, 1)  # Eq. 11 / 16: [T, N, D]
+            x_ta = (att_t @ p.values).transpose(-3, -2)  # Eq. 11 / 16: [T, N, D]
             spatial = att_t @ spatial  # the spatial Q|K of X_TA
         else:
             scores_t, att_t, x_ta = None, None, x
-        sq, sk = spatial.transpose(0, 1).split(self.dim, dim=-1)  # [T, N, D] each
-        att_s = masked_softmax(sq @ sk.transpose(1, 2) / math.sqrt(self.dim), spatial_mask, mask_mode)  # [T, N, N]
+        if spatial_mask is not None and spatial_mask.dim() == x.dim() - 1:  # one [N, N] mask for every step
+            spatial_mask = spatial_mask.unsqueeze(-3)
+        sq, sk = spatial.transpose(-3, -2).split(self.dim, dim=-1)  # [T, N, D] each
+        att_s = masked_softmax(sq @ sk.transpose(-1, -2) / math.sqrt(self.dim), spatial_mask, mask_mode)  # [T, N, N]
         return TSBlockOutput(att_s @ x_ta, x_ta, scores_t, att_t, att_s, p)  # Eq. 14 / 17
 
 
@@ -186,12 +210,13 @@ def sample_temporal_mask(attention: torch.Tensor, generator: torch.Generator, au
     (drawn earlier from the same generator, ``bernoulli_uniforms``); then the mask is built on a's device with no
     host round trip. 'count' draws on the CPU.
     """
-    n, t, _ = attention.shape
-    if augmentation == "bernoulli":
+    t = attention.shape[-1]
+    if augmentation == "bernoulli":  # any leading dims (rounds at once: [R, N, T, T])
         a = attention.detach().double()
         u = torch.rand(a.shape, generator=generator, dtype=torch.float64) if uniform is None else uniform
         keep = u.to(a.device) < a
-        return keep | torch.eye(t, dtype=torch.bool, device=a.device).expand(n, t, t)
+        return keep | torch.eye(t, dtype=torch.bool, device=a.device).expand(a.shape)
+    n = attention.shape[0]
     a = attention.detach().double().cpu()
     eye = torch.eye(t, dtype=torch.bool).expand(n, t, t)
     if augmentation == "count":
@@ -228,7 +253,7 @@ def sample_spatial_mask(attention: torch.Tensor, current: torch.Tensor, generato
     'count' (code ``aug_spatiol``): ``int(edges*edge_drop)`` off-diagonal edges are dropped, drawn proportional to
     1 - a_ij, and ``int(non_edges*edge_add)`` non-edges are added, drawn proportional to a_ij.
     """
-    n = attention.shape[0]
+    n = attention.shape[-1]
     bernoulli = augmentation == "bernoulli"  # built on the attention's device (``uniform``: see the temporal mask)
     a = attention.detach().double() if bernoulli else attention.detach().double().cpu()
     eye = torch.eye(n, dtype=torch.bool, device=a.device)

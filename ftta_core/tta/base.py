@@ -70,6 +70,12 @@ class LocalMethod(ABC):
         return bank.forward(x, "given" if self.shares == "bn_stats" else self.bn_mode)
 
 
+def regularizer_on(regularizer: Optional[LossFn], x: torch.Tensor) -> Optional[LossFn]:
+    """``regularizer`` for clients that train on inputs ``x`` other than the step's batch (its targets recomputed
+    there when they depend on the inputs, ``strategies.base.InputRegularizer``; FedProx's does not)."""
+    return regularizer.on(x) if hasattr(regularizer, "on") else regularizer
+
+
 def combine(loss: LossFn, regularizer: Optional[LossFn]) -> LossFn:
     """The method's loss plus an optional strategy regulariser (FedProx, MOON, pFedSD)."""
     if regularizer is None:

@@ -34,7 +34,7 @@ import torch
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
 from ..validation import check_choice
 from .augment import STRENGTHS, augment
-from .base import combine
+from .base import combine, regularizer_on
 from .basic import entropy
 from .normalised import NormalisedMethod, StatefulNormaliser, class_moments
 
@@ -240,7 +240,7 @@ class RoTTA(NormalisedMethod):
         self._target = (probs, mask * timeliness(ages), mask.sum(1))
         norm.configure("student", True, mask)
         try:
-            bank.adapt(strong, combine(self.loss, regularizer), "custom")
+            bank.adapt(strong, combine(self.loss, regularizer_on(regularizer, strong)), "custom")
         finally:
             self._target = None
             norm.configure("teacher", False)
