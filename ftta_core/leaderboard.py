@@ -85,9 +85,10 @@ def gains_over_local(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFram
 
 
 def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int, n_strategies: int,
-                        n_seeds: int) -> str:
+                        n_seeds: int, locals_: Sequence[str] = ()) -> str:
     """What the stored board says: coverage, the best cell, and per local method the strategies whose gain over
-    ``local`` has a 95% interval excluding zero (``table``: ``leaderboard_table``; ``gains``: ``gains_over_local``)."""
+    ``local`` has a 95% interval excluding zero (``table``: ``leaderboard_table``; ``gains``: ``gains_over_local``);
+    given the board's ``locals_``, the rows with no stored run are named."""
     if table.empty:
         return "No run is stored yet."
     runs = int(table["seeds"].sum())
@@ -96,6 +97,9 @@ def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int,
     text = [f"**Coverage.** {runs} of {n_locals * n_strategies * n_seeds} runs are stored: {len(table)} of "
             f"{n_locals * n_strategies} cells, {full} of them with all {n_seeds} seeds.",
             f"**Best cell.** {best_local} + {best_strategy}: {best['mean']:.2f}% over {int(best['seeds'])} seeds."]
+    missing = [name for name in locals_ if name not in set(table.index.get_level_values("local"))]
+    if missing:
+        text[0] += f" No run stored yet for: {', '.join(missing)}."
     for local, g in gains.groupby(level="local", sort=False):
         g = g.droplevel("local")
         up = [f"{s} {r.gain:+.2f} ± {r.ci95:.2f}" for s, r in g.iterrows() if r.significant and r.gain > 0]

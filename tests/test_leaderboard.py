@@ -96,3 +96,5 @@ def test_gains_over_local_are_paired_by_seed_and_read_out():
     assert "16 of 24 runs are stored: 6 of 8 cells, 5 of them with all 3 seeds" in text
     assert "**bn** (gain over local, points ± 95% CI): above local: fedavg +2.10 ± 0.25; below local: fedamp -1.00" in text
     assert "not distinguishable from local: pfedgraph" in text and "one seed only (no interval): fedavg" in text
+    named = leaderboard_reading(leaderboard_table(grid), gains, 3, 4, 3, locals_=["bn", "tent", "cotta"])
+    assert "No run stored yet for: cotta." in named and "No run stored" not in text

@@ -87,7 +87,7 @@ seed fixes the stream), with a 95% interval over seeds; then what the stored boa
 if not grid.empty:
     gains = gains_over_local(grid)
     display(gains.round(2))
-    display(Markdown(leaderboard_reading(table, gains, len(locals_), len(strategies), len(seeds))))
+    display(Markdown(leaderboard_reading(table, gains, len(locals_), len(strategies), len(seeds), locals_)))
 """),
     ("md", """
 ## What leaves a client, and what it gives away
@@ -138,7 +138,10 @@ shared noise, not client data, yet their outputs pass through the client's adapt
 corruption with them: sending fewer bytes is not the same as revealing less. On CIFAR-10-C the leaderboard fills
 in over sessions (`compute=True`; most local methods need a GPU); its `bn` and `tent` rows are the FedTSA Table 1
 configs, so their five seeds come from `figures/fedtsa_table1/runs`, and the coverage line above says how much of
-the board is stored.
+the board is stored. The EATA, ROID, BBN and RoTTA rows ran on an H100 (session 10; their FedTSA column only at seed
+0, the first column that batched rounds made affordable there). CoTTA's row is missing: with its 32 augmented
+teacher passes per step, one run of this 750-step protocol takes 20-40 min on a shared H100, 1.5-3 GPU-hours for
+the row (`benchmarks/README.md`, "Session 10").
 """),
 ]
 
