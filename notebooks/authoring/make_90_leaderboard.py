@@ -90,6 +90,24 @@ if not grid.empty:
     display(Markdown(leaderboard_reading(table, gains, len(locals_), len(strategies), len(seeds), locals_)))
 """),
     ("md", """
+### The other setting, from the stored runs
+The board above is one setting (`setting`). The other one's stored runs are read back here, computing nothing: on
+CIFAR-10-C these are the FedTSA Table 1 runs of the `bn` and `tent` rows (the GPU rows ran only in NIID so far).
+"""),
+    ("code", """
+other = "iid" if setting == "niid" else "niid"
+other_base = base if smoke else dataclasses.replace(base, scenario=f"fedtsa_{other}")
+other_grid = run_leaderboard(other_base, locals_, strategies, seeds, results_dir=results_dir, only_cached=True,
+                             also_read=[table1_runs])
+if other_grid.empty:
+    print(f"no stored {other} runs")
+else:
+    other_table = leaderboard_table(other_grid)
+    display(other_table.head(10).round(2))
+    display(Markdown(leaderboard_reading(other_table, gains_over_local(other_grid), len(locals_), len(strategies),
+                                         len(seeds), locals_)))
+"""),
+    ("md", """
 ## What leaves a client, and what it gives away
 Bytes per client per step come from `benchmarks/results/server_cost_cpu.json`
 (`python benchmarks/server_cost.py`). The guess accuracies come from one run with FedCTTA on TTA-bn (it records
