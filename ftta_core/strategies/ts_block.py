@@ -201,7 +201,8 @@ def weighted_choice(weights: torch.Tensor, k: int, generator: torch.Generator,
 
 def sample_temporal_mask(attention: torch.Tensor, generator: torch.Generator, augmentation: str = "bernoulli",
                          drop: float = 0.75, uniform: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """M^tem [N, T, T] from the temporal attention a^(T) [N, T, T]; the diagonal is always kept.
+    """M^tem [N, T, T] from the temporal attention a^(T) [N, T, T] ('bernoulli': any leading dims, e.g. [R, N, T, T]);
+    the diagonal is always kept.
 
     'bernoulli' (paper): entry kept with probability a_{t_i t_j}. 'count' (code ``aug_temporal``): per client,
     ``int(T*T*drop)`` of the T*T entries are masked, drawn without replacement with probability proportional to
@@ -247,6 +248,7 @@ def sample_spatial_mask(attention: torch.Tensor, current: torch.Tensor, generato
                         augmentation: str = "bernoulli", edge_drop: float = 0.8, edge_add: float = 0.2,
                         uniform: Optional[torch.Tensor] = None) -> torch.Tensor:
     """M^spa [N, N] refining M^cur (``current``) with the spatial attention a^(S) [N, N]; self-edges always kept.
+    'bernoulli' also takes leading dims (a block of R rounds: attention and ``current`` [R, N, N]).
 
     'bernoulli' (paper): an edge of M^cur is dropped with probability 1 - a_ij, a non-edge is added with probability
     a_ij. (Read literally, both make entry ij present with probability a_ij, whatever M^cur says.)
