@@ -158,8 +158,8 @@ in over sessions (`compute=True`; most local methods need a GPU); its `bn` and `
 configs, so their five seeds come from `figures/fedtsa_table1/runs`, and the coverage line above says how much of
 the board is stored. The EATA, ROID, BBN and RoTTA rows ran on an H100 (session 10; their FedTSA column at seed 0
 there, with batched server rounds, and at seeds 1-4 on the CPU, 8-14 min per run on one core). CoTTA's row is missing: with its 32 augmented
-teacher passes per step, one run of this 750-step protocol takes 20-40 min on a shared H100, 1.5-3 GPU-hours for
-the row (`benchmarks/README.md`, "Session 10").
+teacher passes per step, no run of this 750-step protocol finished within 6 min on a shared H100 (an estimate,
+not a measurement: 20-40 min per run, 1.5-3 GPU-hours for the row; `benchmarks/README.md`, "Session 10").
 """),
 ]
 
