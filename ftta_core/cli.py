@@ -11,6 +11,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+# paper.TTA_SETTINGS' names (kept literal so the parser starts without torch; a test checks they agree)
+TTA_CHOICES = ("bn", "grad", "grad-adam", "grad-running", "grad-running-adam")
+
 
 def _parse_value(text: str) -> Any:
     """Parse a ``key=value`` right-hand side with YAML rules (numbers, booleans, lists)."""
@@ -228,7 +231,9 @@ def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
                                    "client and corruption, severity 5, NIID 4-area map and IID) for each strategy "
                                    "and seed, caching every finished run under --results (resumable), and writes "
                                    "the table beside the paper's numbers (CSV and markdown).")
-    p.add_argument("--tta", choices=["bn", "grad"], required=True, help="TTA-bn or TTA-grad (Tent, all params, SGD 1e-4)")
+    p.add_argument("--tta", choices=list(TTA_CHOICES), required=True,
+                   help="TTA-bn, TTA-grad (Tent, all params, SGD 1e-4) or a cell of the TTA-grad 2x2: grad-adam "
+                        "(Adam 1e-5), grad-running (running BN statistics as the reference clients), grad-running-adam")
     p.add_argument("--strategies", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])

@@ -4,13 +4,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
 from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment
-from .plan import add_to_plan, plan_file, store_summary
+from .plan import REPO_DIR, add_to_plan, plan_file, store_summary
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
 
@@ -18,6 +20,14 @@ SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", 
 def config_key(cfg: ExperimentConfig) -> str:
     """A short stable hash of what determines a config's results (``ExperimentConfig.identity``): the cache key."""
     return hashlib.sha1(json.dumps(cfg.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def partial_dir(cfg: ExperimentConfig) -> Path:
+    """Where a grid keeps an unfinished run (``run_experiment``'s resumable folder) until its summary is stored:
+    ``$FTTA_PARTIAL_DIR/<config hash>``, by default ``runs/partial/`` in the repository (not tracked). A grid
+    interrupted mid-run resumes that run from its last completed slot."""
+    root = os.environ.get("FTTA_PARTIAL_DIR")
+    return (Path(root) if root else REPO_DIR / "runs" / "partial") / config_key(cfg)
 
 
 def stored_path(cfg: ExperimentConfig, results_dir: Optional[Path], also_read: Sequence[Path] = ()) -> Optional[Path]:
@@ -58,12 +68,14 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
             add_to_plan(cfg.to_dict(), results_dir)
             continue
         else:
-            res = run_experiment(cfg)
+            partial = partial_dir(cfg) if path is not None else None  # resumable while it runs
+            res = run_experiment(cfg, out=partial)
             summary = res.summary
             if keep:
                 kept[(name, seed)] = res
             if path is not None:
                 store_summary(path, summary)
+                shutil.rmtree(partial, ignore_errors=True)
         rows.append({"variant": name, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
     table = pd.DataFrame(rows, columns=["variant", "seed", *SUMMARY_KEYS]) if not rows else pd.DataFrame(rows)
     table.attrs["results"] = kept

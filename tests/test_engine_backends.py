@@ -16,6 +16,8 @@ LOCAL_CONFIGS = {
     "tent": {"params": "all", "optimizer": "sgd", "lr": 1e-3},
     "tent_bn_affine": {"params": "bn_affine", "optimizer": "adam", "lr": 1e-3},
     "pl": {"params": "all", "optimizer": "adam", "lr": 1e-4},
+    "tent_running": {"params": "all", "optimizer": "adam", "lr": 1e-4, "bn": "running"},
+    "pl_running": {"params": "all", "optimizer": "sgd", "lr": 1e-3, "bn": "running"},
     "eata": {"fisher_source": "digits_cnn_embedded", "fisher_samples": 48, "fisher_batch": 16},
     "cotta": {"optimizer": "sgd", "lr": 1e-3, "n_augmentations": 2},
     "roid": {},
@@ -28,9 +30,13 @@ LOCAL_CONFIGS = {
 STRATEGY_PARAMS = {"fedtsa": {"server_steps": 5}}
 
 
+def method_name(key):
+    """The local method a LOCAL_CONFIGS key configures (keys add a variant after an underscore)."""
+    return key.split("_")[0]
+
+
 def local_for(key):
-    name = "tent" if key == "tent_bn_affine" else key
-    return build_local(name, **LOCAL_CONFIGS[key])
+    return build_local(method_name(key), **LOCAL_CONFIGS[key])
 
 
 def run(model, local_key, strategy, backend, batches):
@@ -46,7 +52,7 @@ def run(model, local_key, strategy, backend, batches):
 
 
 def test_every_local_method_has_a_backend_case():
-    assert set(LOCAL_METHODS) <= {k if k != "tent_bn_affine" else "tent" for k in LOCAL_CONFIGS}
+    assert set(LOCAL_METHODS) <= {method_name(k) for k in LOCAL_CONFIGS}
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))

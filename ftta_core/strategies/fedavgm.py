@@ -7,6 +7,9 @@ import torch
 
 from .base import ServerInputs, StateDict, clone_state, is_bn_stats, weighted_mean_state
 from .basic import FedAvg
+from ..validation import check_choice
+
+MOMENTUM_ON = ("all", "params")
 
 
 class FedAvgM(FedAvg):
@@ -15,16 +18,21 @@ class FedAvgM(FedAvg):
     The server starts with no global model: at the first mix ``g_prev := avg`` and ``v := 0``, so step 1 equals
     FedAvg. Momentum can push a mixed BN variance below zero, so variance rows of BN-statistics entries are clamped
     at 0 (TTA-bn only; parameters are never clamped).
+
+    ``momentum_on``: "all" (default: every shared tensor, BN statistics included, as a server optimiser applied to
+    the whole uploaded state) or "params" (momentum on parameters only; normalisation statistics, i.e. TTA-bn's
+    [N, 2, C] entries and ``bn='running'`` statistics, are plain FedAvg). Under TTA-bn "params" equals FedAvg.
     """
 
     name = "fedavgm"
 
-    def __init__(self, beta: float = 0.9, server_lr: float = 1.0) -> None:
+    def __init__(self, beta: float = 0.9, server_lr: float = 1.0, momentum_on: str = "all") -> None:
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"beta must be in [0, 1), got {beta}")
         if not server_lr > 0:
             raise ValueError(f"server_lr must be positive, got {server_lr}")
-        self.beta, self.server_lr = beta, server_lr
+        check_choice("momentum_on", momentum_on, MOMENTUM_ON)
+        self.beta, self.server_lr, self.momentum_on = beta, server_lr, momentum_on
         self.global_model: Optional[StateDict] = None
         self.momentum: Optional[StateDict] = None
         self._valid: Optional[torch.Tensor] = None
@@ -48,6 +56,9 @@ class FedAvgM(FedAvg):
             self.momentum = {k: torch.zeros_like(v) for k, v in avg.items()}
         new_global = {}
         for k, a in avg.items():
+            if self.momentum_on == "params" and is_bn_stats(k, a):
+                new_global[k] = a
+                continue
             self.momentum[k] = self.beta * self.momentum[k] + (self.global_model[k] - a)
             g = self.global_model[k] - self.server_lr * self.momentum[k]
             if is_bn_stats(k, g):

@@ -15,14 +15,17 @@ The rule, at every aggregation step t (every ``interval``-th step: ``(t + 1) % i
        This is "eval mode = the model's own statistics": for TTA-bn it compares the clients' adapted statistics,
        for TTA-grad the clients' current (post-step) parameters under their real-batch statistics. Local methods
        with source BN (``bn_mode == "source"``) use the source statistics.
-     - "probes": normalise the probes with their own batch statistics. This is what ``model.eval()`` does in the
-       Fling-based reference clients, whose BN layers have ``track_running_stats=False`` and no running buffers.
-       With TTA-bn every client then has the same function on the probes (W is uniform = FedAvg for shared probes).
+     - "probes": normalise the probes with their own batch statistics (no reference client does this; with TTA-bn
+       every client then has the same function on the probes, so W is uniform = FedAvg for shared probes).
+     - "eval": as the reference clients (rajibrhasan/FedCTTA, ``model.eval()`` on the probes): TTA-grad clients
+       with ``bn='running'`` normalise with their running statistics, TTA-bn clients with the statistics of the
+       previous aggregation (the source statistics before the first); ``LocalMethod.eval_forward``.
 3. Optional EMA (``ema=alpha``, 0.9 in the reference code): ``s_i <- alpha s_i + (1 - alpha) o_i`` over
    aggregation steps, ``s_i = o_i`` at a client's first accepted upload; ``ema=None`` (paper) uses ``s_i = o_i``.
 4. Similarity ``S_ij`` (``distance``): "euclidean" ``-||s_i - s_j||_2`` (paper Eq. 5, default); "kl"
    ``-KL(p_i || p_j)`` and "cross_entropy" ``sum_k p_i(k) log p_j(k)`` with ``p = softmax(s)`` (logits only);
-   "cosine" ``cos(s_i, s_j)``. Note: cross entropy = H(p_i) + KL(p_i || p_j), and H(p_i) is constant along row i,
+   "cosine" ``cos(s_i, s_j)``; "cosine_exp" ``exp(cos(s_i, s_j))`` and "kl_exp" ``exp(-KL(p_i || p_j))`` are the
+   reference code's forms (its W = softmax(exp(cos)), softmax(exp(-KL))). Note: cross entropy = H(p_i) + KL(p_i || p_j), and H(p_i) is constant along row i,
    so after the row softmax "cross_entropy" and "kl" give the same W (Table IV: 61.60 vs 61.62).
 5. ``W_i. = softmax_j(S_ij / temperature)`` over accepted clients j (paper Eq. 7: temperature 1). A rejected
    client (non-finite upload) gets no weight and keeps its own model. Between aggregation steps W = I and the
@@ -38,17 +41,18 @@ import torch
 
 from ..engine.bank import ClientBank, ForwardOutput
 from ..rng import torch_generator
-from .base import ServerInputs, Strategy, cosine_from_gram, distance_from_gram, gram_matrix, masked_row_softmax
+from .base import (ServerInputs, Strategy, cosine_from_gram, distance_from_gram, gram_matrix, is_bn_stats,
+                   masked_row_softmax)
 from ..validation import check_choice
 
 if TYPE_CHECKING:
     from ..tta.base import LocalMethod
 
 PROBE_UPLOAD = "probe_mean"  # the client's probe statistic [N, K] (logits) or [N, D] (features)
-DISTANCES = ("euclidean", "kl", "cross_entropy", "cosine")
+DISTANCES = ("euclidean", "kl", "cross_entropy", "cosine", "cosine_exp", "kl_exp")
 STATISTICS = ("logits", "features")
 PROBE_SETS = ("shared", "per_client")
-PROBE_BN = ("client", "probes")
+PROBE_BN = ("client", "probes", "eval")
 
 
 def similarity_matrix(stats: torch.Tensor, distance: str = "euclidean") -> torch.Tensor:
@@ -58,6 +62,8 @@ def similarity_matrix(stats: torch.Tensor, distance: str = "euclidean") -> torch
     ``sum_k softmax(s_i)_k log softmax(s_j)_k``; cosine: ``cos(s_i, s_j)`` (0 against a zero vector).
     """
     s = stats.detach().double().cpu()
+    if distance.endswith("_exp"):  # the reference code's exp(cos) and exp(-KL)
+        return similarity_matrix(s, distance[:-4]).exp()
     if distance in ("euclidean", "cosine"):
         gram = gram_matrix([s])
         return -distance_from_gram(gram) if distance == "euclidean" else cosine_from_gram(gram)
@@ -89,7 +95,7 @@ class FedCTTA(Strategy):
     Parameters (defaults = the paper): ``n_probes`` M (64), ``probes`` "shared" | "per_client", ``probe_images``
     (a fixed [M, C, H, W] tensor instead of noise; shared), ``on`` "logits" | "features", ``distance`` "euclidean" |
     "kl" | "cross_entropy" | "cosine", ``temperature`` (1), ``ema`` (None; the reference code uses 0.9),
-    ``interval`` (aggregate every k-th step, W = I in between), ``probe_bn`` "client" | "probes", ``seed`` (of the
+    ``interval`` (aggregate every k-th step, W = I in between), ``probe_bn`` "client" | "probes" | "eval", ``seed`` (of the
     probe draws). See the module docstring for the exact rule.
     """
 
@@ -104,7 +110,7 @@ class FedCTTA(Strategy):
         check_choice("probes", probes, PROBE_SETS)
         check_choice("on", on, STATISTICS)
         check_choice("distance", distance, DISTANCES)
-        if distance in ("kl", "cross_entropy") and on != "logits":
+        if distance in ("kl", "cross_entropy", "kl_exp") and on != "logits":
             raise ValueError(f"distance {distance!r} compares class distributions: it needs on='logits'")
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
@@ -124,6 +130,7 @@ class FedCTTA(Strategy):
         self.probe_images, self.seed = probe_images, int(seed)
         self._ema: Optional[torch.Tensor] = None  # [N, K] float64
         self._seen: Optional[torch.Tensor] = None  # [N] bool: client has an EMA value
+        self._mixed: Optional[Dict[str, torch.Tensor]] = None  # TTA-bn statistics of the last mix (probe_bn="eval")
 
     # ------------------------------------------------------------------ client side
 
@@ -149,6 +156,13 @@ class FedCTTA(Strategy):
         """Every client's adapted model on its probes [N, M, C, H, W] (BatchNorm as ``probe_bn`` says)."""
         if self.probe_bn == "probes":
             return bank.forward(probes, "batch")
+        if self.probe_bn == "eval":
+            if local.shares != "bn_stats":
+                return local.eval_forward(bank, probes)
+            if self._mixed is None:  # before the first aggregation: the source statistics
+                return bank.forward(probes, "source")
+            bank.set_bn_stats(self._mixed)
+            return bank.forward(probes, "given")
         if local.bn_mode == "source":
             return bank.forward(probes, "source")
         bank.set_bn_stats(bank.bn_stats())  # the statistics of the client's real batch at this step
@@ -172,7 +186,13 @@ class FedCTTA(Strategy):
 
     def reset(self, n_clients: int) -> None:
         super().reset(n_clients)
-        self._ema, self._seen = None, None
+        self._ema, self._seen, self._mixed = None, None, None
+
+    def after_mix(self, mixed: Dict[str, torch.Tensor], inputs: ServerInputs) -> None:
+        """Keep the mixed TTA-bn statistics: the next step's probes are normalised with them (``probe_bn='eval'``)."""
+        super().after_mix(mixed, inputs)
+        if self.probe_bn == "eval" and mixed and all(is_bn_stats(k, v) for k, v in mixed.items()):
+            self._mixed = {k: v.detach().clone() for k, v in mixed.items()}
 
     def smoothed(self, stats: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Update the EMA with the accepted clients' ``stats`` [N, K] and return it (``stats`` if ``ema`` is None)."""
@@ -199,13 +219,16 @@ class FedCTTA(Strategy):
         return similarity_weights(stats, inputs.valid, self.distance, self.temperature).float()
 
     def state_dict(self) -> dict:
-        """The EMA of the probe statistics [N, K] and which clients have one (empty without ``ema``)."""
-        if self._ema is None:
-            return {}
-        return {"ema": self._ema.clone(), "seen": self._seen.clone()}
+        """The EMA of the probe statistics [N, K] and which clients have one (empty without ``ema``), and the last
+        mixed TTA-bn statistics (``probe_bn='eval'``)."""
+        state = {} if self._ema is None else {"ema": self._ema.clone(), "seen": self._seen.clone()}
+        if self._mixed is not None:
+            state["mixed"] = {k: v.clone() for k, v in self._mixed.items()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if "ema" in state:
             self._ema, self._seen = state["ema"].clone(), state["seen"].clone()
         else:
             self._ema, self._seen = None, None
+        self._mixed = dict(state["mixed"]) if state.get("mixed") is not None else None

@@ -9,6 +9,8 @@ from torch import nn
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn, OptimizerSpec
 from ..validation import check_choice
+from .running import BN_SEMANTICS, RUNNING_PREFIX, RunningStatistics
+from .stateful import clamp_variance
 
 PARAM_GROUPS = ("bn_affine", "all")
 
@@ -69,6 +71,12 @@ class LocalMethod(ABC):
         """Predict with the (mixed) client models: BN-adapt uses the installed statistics."""
         return bank.forward(x, "given" if self.shares == "bn_stats" else self.bn_mode)
 
+    @torch.no_grad()
+    def eval_forward(self, bank: ClientBank, x: torch.Tensor) -> ForwardOutput:
+        """The client models as ``model.eval()`` runs them in the reference code (FedCTTA's probes, ``probe_bn=
+        'eval'``): by default the prediction's normalisation; TTA-bn and ``bn='running'`` override it."""
+        return self.predict(bank, x)
+
 
 def regularizer_on(regularizer: Optional[LossFn], x: torch.Tensor) -> Optional[LossFn]:
     """``regularizer`` for clients that train on inputs ``x`` other than the step's batch (its targets recomputed
@@ -89,13 +97,21 @@ class GradientMethod(LocalMethod):
     shares = "params"
 
     def __init__(self, params: str = "all", optimizer: str = "sgd", lr: float = 1e-4, momentum: float = 0.0,
-                 weight_decay: float = 0.0, steps: int = 1) -> None:
+                 weight_decay: float = 0.0, steps: int = 1, bn: str = "batch", bn_momentum: float = 0.1) -> None:
         check_choice("params", params, PARAM_GROUPS)
+        check_choice("bn", bn, BN_SEMANTICS)
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
         self.params = params
         self.optimizer_spec = OptimizerSpec(optimizer, lr, momentum, weight_decay)
         self.steps = steps
+        # bn="batch": every forward normalises with its batch's statistics, nothing is kept (shared: parameters).
+        # bn="running": the reference clients' train/eval BatchNorm (``tta.running``): adapting forwards update
+        # per-client running statistics, predictions use them, and they are shared with the parameters.
+        self.bn = bn
+        self.running: Optional[RunningStatistics] = RunningStatistics(bn_momentum) if bn == "running" else None
+        if self.running is not None:
+            self.bn_mode = "custom"
 
     def trainable(self, model: nn.Module) -> List[str]:
         return select_parameters(model, self.params)
@@ -109,7 +125,60 @@ class GradientMethod(LocalMethod):
 
     def adapt(self, bank: ClientBank, x: torch.Tensor, regularizer: Optional[LossFn] = None) -> ForwardOutput:
         loss = combine(self.loss, regularizer)
-        first = bank.adapt(x, loss, self.bn_mode)
-        for _ in range(self.steps - 1):
-            bank.adapt(x, loss, self.bn_mode)
+        with self.training(bank):
+            first = bank.adapt(x, loss, self.bn_mode)
+            for _ in range(self.steps - 1):
+                bank.adapt(x, loss, self.bn_mode)
         return first
+
+    def training(self, bank: ClientBank) -> "_Training":
+        """Context in which the bank's forwards are the reference code's train-mode ones (``bn='running'``: running
+        statistics updated); outside it they are eval-mode ones. A no-op with ``bn='batch'``."""
+        if self.running is not None:
+            self.running.n_clients = bank.n_clients
+            bank.set_normaliser(self.running)
+        return _Training(self.running)
+
+    @torch.no_grad()
+    def predict(self, bank: ClientBank, x: torch.Tensor) -> ForwardOutput:
+        if self.running is not None:
+            self.running.n_clients = bank.n_clients
+            bank.set_normaliser(self.running)
+        return super().predict(bank, x)
+
+    def shared_state(self, bank: ClientBank) -> Dict[str, torch.Tensor]:
+        """The trained parameters, plus with ``bn='running'`` the running statistics [N, 2, C] per BN layer (as
+        ``running.<layer>``): the reference code's whole ``state_dict``."""
+        state = super().shared_state(bank)
+        if self.running is not None:
+            state.update({RUNNING_PREFIX + k: v.clone() for k, v in self.running.state.items()})
+        return state
+
+    def load_state(self, bank: ClientBank, state: Dict[str, torch.Tensor]) -> None:
+        super().load_state(bank, {k: v for k, v in state.items() if not k.startswith(RUNNING_PREFIX)})
+        if self.running is not None:
+            for k, v in state.items():
+                if k.startswith(RUNNING_PREFIX):
+                    self.running.state[k[len(RUNNING_PREFIX):]] = clamp_variance(v.clone())
+
+    def state_dict(self) -> dict:
+        return {} if self.running is None else {"running": self.running.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.running is not None and state.get("running") is not None:
+            self.running.load_state_dict(state["running"])
+
+
+class _Training:
+    """Sets ``RunningStatistics.training`` for the duration of a ``with`` block (nothing without one)."""
+
+    def __init__(self, running: Optional[RunningStatistics]) -> None:
+        self.running = running
+
+    def __enter__(self) -> None:
+        if self.running is not None:
+            self.running.training = True
+
+    def __exit__(self, *exc) -> None:
+        if self.running is not None:
+            self.running.training = False

@@ -8,7 +8,7 @@ parameters (plus, with ``mix_statistics``, the normaliser's statistics) with the
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from ..engine.bank import ClientBank
 from ..rng import torch_generator
 from .base import GradientMethod
+from .stateful import StatefulNormaliser, clamp_variance
 
 
 def class_moments(x: torch.Tensor, labels: torch.Tensor, n_classes: int,
@@ -36,40 +37,6 @@ def class_moments(x: torch.Tensor, labels: torch.Tensor, n_classes: int,
     sq = (x - own[..., None]).square().sum(-1)
     var = torch.einsum("nbk,nbc->nkc", onehot, sq) / per_value
     return mean, var, counts
-
-
-class StatefulNormaliser:
-    """Base of normalisers with per-layer state [N, ...] created on first use from the layer's source statistics."""
-
-    def __init__(self) -> None:
-        self.n_clients = 0  # set by the method when it installs the normaliser
-        self.state: Dict[str, torch.Tensor] = {}
-
-    def get(self, key: str, init: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """The state tensor ``key``, created with ``init()`` ([N, ...]) when missing."""
-        if key not in self.state:
-            if self.n_clients < 1:
-                raise RuntimeError("normaliser used before its method installed it (n_clients unknown)")
-            self.state[key] = init()
-        return self.state[key]
-
-    def source_init(self, source_mean: torch.Tensor, source_var: torch.Tensor, *inner: int) -> torch.Tensor:
-        """Source (mean, var) repeated to [N, *inner, 2, C]."""
-        stats = torch.stack([source_mean, source_var]).detach()
-        return stats.reshape(*[1] * (len(inner) + 1), *stats.shape).repeat(self.n_clients, *inner, 1, 1).clone()
-
-    def state_dict(self) -> dict:
-        """Copies of the state tensors."""
-        return {k: v.clone() for k, v in self.state.items()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore ``state_dict`` (variances clamped to >= 0, in case a server step made them negative)."""
-        self.state = {k: clamp_variance(v.clone()) for k, v in state.items()}
-
-
-def clamp_variance(stats: torch.Tensor) -> torch.Tensor:
-    """``stats`` [..., 2, C] (mean, var) with the variances clamped to >= 0."""
-    return torch.stack([stats[..., 0, :], stats[..., 1, :].clamp_min(0)], -2)
 
 
 class NormalisedMethod(GradientMethod):
