@@ -18,17 +18,20 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# executed notebook and its figure under runs/quickstart/ (runs/quickstart/figures/quickstart_collaboration.png)
 quickstart: $(STAMP)
 	$(PY) -m ftta_core notebooks 00_quickstart --out-dir runs/quickstart --show
 
 test: $(STAMP)
 	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
 
+# every notebook in smoke mode; executed copies (and any figures) under runs/notebooks/smoke/, nothing tracked written
 notebooks: $(STAMP)
-	$(PY) -m ftta_core notebooks --smoke --out-dir runs/notebooks
+	$(PY) -m ftta_core notebooks --smoke --out-dir runs/notebooks/smoke
 
+# full runs that regenerate the committed notebooks/*.ipynb and figures/ (each notebook replaced only if it succeeded)
 figures: $(STAMP)
-	$(PY) -m ftta_core notebooks
+	$(PY) -m ftta_core notebooks --in-place
 
 # The stored CIFAR-10-C paper runs (resumable). The tables plan their missing runs (FTTA_PLAN), run-plan runs them
 # WORKERS at a time, then the tables are written from the stored runs. On one GPU, start the MPS daemon first
@@ -47,7 +50,7 @@ paper-runs: $(STAMP)
 	$(TABLE1) --tta bn --table figures/fedtsa_table1/cifar10_bn --only-cached
 	$(TABLE1) --tta grad --table figures/fedtsa_table1/cifar10_grad --only-cached
 	$(PY) -m ftta_core case-study --tta bn --out figures/case_study/cifar10_bn
-	$(PY) -m ftta_core notebooks 10_fedtsa 11_fedtsa_ablations 12_fedtsa_collaboration
+	$(PY) -m ftta_core notebooks 10_fedtsa 11_fedtsa_ablations 12_fedtsa_collaboration --in-place
 
 clean:
 	rm -rf runs build .pytest_cache

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shlex
 import sys
 import time
@@ -15,9 +17,26 @@ import yaml
 TTA_CHOICES = ("bn", "grad", "grad-adam", "grad-running", "grad-running-adam")
 
 
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus floats written without a dot (``1e-4``, ``1E-5``, ``2e3``), which YAML 1.1 (and
+    so PyYAML) reads as strings."""
+
+
+YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: the problem and where it is."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return (getattr(err, "problem", None) or " ".join(str(err).split())) + where
+
+
 def _parse_value(text: str) -> Any:
-    """Parse a ``key=value`` right-hand side with YAML rules (numbers, booleans, lists)."""
-    return yaml.safe_load(text)
+    """Parse a ``key=value`` right-hand side as a YAML scalar or list: ``3`` int, ``0.1``/``1e-4`` float,
+    ``true`` bool, ``[1, 2]`` list, anything else a string."""
+    return yaml.load(text, Loader=YamlLoader)
 
 
 def _key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
@@ -26,8 +45,31 @@ def _key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
         if "=" not in item:
             raise SystemExit(f"{flag} expects key=value, got {item!r}")
         k, v = item.split("=", 1)
-        out[k.strip()] = _parse_value(v)
+        try:
+            out[k.strip()] = _parse_value(v)
+        except yaml.YAMLError as err:
+            raise SystemExit(f"{flag} {item!r}: the value is not valid YAML ({_yaml_problem(err)})") from None
     return out
+
+
+def read_config(path: Path) -> Dict[str, Any]:
+    """The config fields in YAML file ``path``; a missing, unreadable, malformed or non-mapping file raises
+    ``ValueError`` naming it."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ValueError(f"config file '{path}' does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"config file '{path}' cannot be read: {err}") from None
+    try:
+        data = yaml.load(text, Loader=YamlLoader)
+    except yaml.YAMLError as err:
+        raise ValueError(f"config file '{path}' is not valid YAML: {_yaml_problem(err)}") from None
+    if not isinstance(data, dict):
+        got = "nothing (the file is empty or null)" if data is None else f"a {type(data).__name__}"
+        raise ValueError(f"config file '{path}' must hold a mapping of config fields ('field: value' lines), "
+                         f"got {got}")
+    return data
 
 
 def this_command() -> str:
@@ -72,36 +114,95 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--server-threads", type=int, dest="server_threads",
                    help="threads for server rounds computed ahead (FedTSA): 0 none; default torch's thread count "
                         "on a CPU, 2 on a GPU")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
+    p.add_argument("--out", type=run_folder, required=True,
+                   help="run folder (locked while the run writes it; a finished run of the same config is read back)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a finished or unfinished run of another config in --out (refused otherwise)")
     p.set_defaults(func=cmd_run)
+
+
+def run_folder(value: str) -> Path:
+    """``--out``: a non-empty folder path (an empty one would write into the current folder)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("an empty --out would write into the current folder; name a run folder")
+    return Path(value)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .experiment import ExperimentConfig, run_experiment
 
-    data: Dict[str, Any] = yaml.safe_load(args.config.read_text()) if args.config else {}
-    for key in ("dataset", "scenario", "clients", "batch_size", "images_per_client", "corruptions", "severity",
-                "sh", "th", "label_alpha", "local", "strategy", "model", "seed", "backend", "device", "max_steps",
-                "smoke"):
-        value = getattr(args, key)
-        if value is not None:
-            data[key] = value
-    data.setdefault("local_params", {}).update(_key_values(args.local_param, "--local-param"))
-    data.setdefault("strategy_params", {}).update(_key_values(args.strategy_param, "--strategy-param"))
+    from_file: set = set()
     try:
+        data: Dict[str, Any] = read_config(args.config) if args.config else {}
+        from_file = set(data)
+        for key in ("dataset", "scenario", "clients", "batch_size", "images_per_client", "corruptions", "severity",
+                    "sh", "th", "label_alpha", "local", "strategy", "model", "seed", "backend", "device", "max_steps",
+                    "smoke"):
+            value = getattr(args, key)
+            if value is not None:
+                data[key] = value
+                from_file.discard(key)
+        for key, flag, items in (("local_params", "--local-param", args.local_param),
+                                 ("strategy_params", "--strategy-param", args.strategy_param)):
+            given = _key_values(items, flag)
+            if given:
+                if not isinstance(data.get(key, {}), dict):
+                    raise ValueError(f"config field {key!r}: must be a mapping of parameter names to values, got "
+                                     f"{data[key]!r}; {flag} cannot add to it")
+                data[key] = {**data.get(key, {}), **given}
         cfg = ExperimentConfig.from_dict(data)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        field = re.match(r"config field '(\w+)'", str(exc))
+        where = f" (in config file '{args.config}')" if field and field.group(1) in from_file else ""
+        print(f"error: {exc}{where}", file=sys.stderr)
         return 2
     if args.server_threads is not None and args.server_threads < 0:
         print(f"error: --server-threads must be >= 0, got {args.server_threads}", file=sys.stderr)
         return 2
-    res = run_experiment(cfg, out=args.out, progress=True, server_threads=args.server_threads)
+    from .runstore import RunStoreError
+
+    try:
+        res = run_experiment(cfg, out=args.out, progress=True, server_threads=args.server_threads,
+                             overwrite=args.overwrite)
+    except RunStoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     s = res.summary
     print(f"\n{cfg.local} + {cfg.strategy} on {cfg.dataset} / {cfg.scenario} ({cfg.clients} clients, seed {cfg.seed})")
     print(res.accuracy_table().round(2).to_string())
     print(f"accuracy: source {s['accuracy_source']:.2f}  local {s['accuracy_local']:.2f}  "
           f"mixed {s['accuracy']:.2f}   ({s['wall_time_s']} s on {s['device']}) -> {args.out}")
+    return 0
+
+
+def _add_runs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="list the stored runs under folders and whether their code is current",
+                       description="Scans run folders, summary files and study records (every layout stored under "
+                                   "figures/) and reports each one's status: current (made by today's code), "
+                                   "stale (a module it depends on changed since: rerun grids with "
+                                   "FTTA_RERUN_STALE=1), unrecorded (stored before code records), unfinished "
+                                   "or unreadable.")
+    p.add_argument("folders", nargs="*", type=Path, default=[Path("figures")])
+    p.add_argument("--list", choices=["stale", "unfinished", "unreadable", "all"],
+                   help="also list the runs with this status")
+    p.set_defaults(func=cmd_runs)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from .runstore import scan_table
+
+    missing = [str(f) for f in args.folders if not f.is_dir()]
+    if missing:
+        print(f"error: not a folder: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    table = scan_table(args.folders)
+    if table.empty:
+        print("no stored runs")
+        return 0
+    print(table.groupby(["layout", "status"]).size().rename("runs").to_string())
+    if args.list:
+        shown = table if args.list == "all" else table[table.status == args.list]
+        print(shown.to_string(index=False) if len(shown) else f"no {args.list} runs")
     return 0
 
 
@@ -204,24 +305,41 @@ def cmd_gallery(args: argparse.Namespace) -> int:
 
 def _add_notebooks(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("notebooks", help="execute notebooks headlessly with papermill",
-                       description="Execute all notebooks (or the named ones) with papermill. --smoke runs the "
-                                   "fast CI mode; without it the full parameters regenerate figures/.")
+                       description="Execute all notebooks (or the named ones) with papermill. The executed copies "
+                                   "and the figures/tables they write go to an output folder (--out-dir, default "
+                                   "runs/notebooks/<stamp>/; figures under <out>/figures/): nothing tracked is "
+                                   "written. --in-place regenerates the committed notebooks and figures/ (full runs "
+                                   "only; a notebook is replaced only when its execution succeeded). --smoke runs the "
+                                   "fast CI mode; without it the notebook's own smoke default (or -p smoke=...) holds.")
     p.add_argument("names", nargs="*", help="notebook names or stems (default: all in notebooks/)")
-    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="inject smoke=True (absent: -p smoke=... or the default)")
     p.add_argument("-p", "--parameter", action="append", metavar="K=V", help="papermill parameter (repeatable)")
-    p.add_argument("--out-dir", type=Path, default=None, help="where executed copies go (default: in place)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out-dir", type=Path, default=None,
+                       help="where executed copies and their figures go (default: runs/notebooks/<stamp>/)")
+    where.add_argument("--in-place", action="store_true",
+                       help="rewrite the committed notebooks/*.ipynb and figures/ (refused for smoke runs)")
     p.add_argument("--show", action="store_true", help="print each executed notebook's tables and printed text")
     p.set_defaults(func=cmd_notebooks)
 
 
 def cmd_notebooks(args: argparse.Namespace) -> int:
-    from .notebooks import execute_notebooks, text_outputs
+    from .notebooks import NotebookFailed, execute_notebooks, text_outputs
 
-    params = _key_values(args.parameter, "--parameter")
-    for path in execute_notebooks(args.names, smoke=args.smoke, parameters=params, out_dir=args.out_dir):
+    def report(path: Path) -> None:
         if args.show:
             print("\n\n".join(text_outputs(path)))
-        print(f"executed {path}")
+        print(f"executed {path}", flush=True)
+
+    params = _key_values(args.parameter, "--parameter")
+    try:
+        execute_notebooks(args.names, smoke=True if args.smoke else None, parameters=params, out_dir=args.out_dir,
+                          in_place=args.in_place, on_done=report)
+    except ValueError as e:  # refused before anything ran (--in-place with smoke, unknown notebook, ...)
+        raise SystemExit(f"notebooks: {e}")
+    except NotebookFailed as e:
+        print(f"notebooks: {e} (committed notebook untouched)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -475,13 +593,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
                                      "workbook. Every command has --help.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_run, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
+    for add in (_add_run, _add_runs, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
                 _add_run_plan, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)
     return parser
 
 
+DEBUG_ENV = "FTTA_DEBUG"
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point."""
+    """Entry point. A config or data error (``ValueError``, a missing file, a missing key, bad YAML) ends as one
+    line on stderr and exit status 2; with ``FTTA_DEBUG=1`` it is raised with its traceback."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, KeyError, yaml.YAMLError) as exc:
+        if os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            raise
+        if isinstance(exc, KeyError):
+            text = f"missing key {exc.args[0]!r}" if exc.args else "KeyError"
+        elif isinstance(exc, yaml.YAMLError):
+            text = f"invalid YAML: {_yaml_problem(exc)}"
+        else:
+            text = " ".join(str(exc).split()) or type(exc).__name__
+        print(f"error: {text} ({DEBUG_ENV}=1 shows the traceback)", file=sys.stderr)
+        return 2

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ from .engine.loop import Engine, StepResult
 from .scenarios import (CASE_STUDY_LEADS, Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools,
                         fedctta_scenario, fedtsa_scenario, heterogeneity_scenario)
 from .stream import CLEAN, CorruptedDomains, Stream
+from .runstore import RunStoreError, atomic_write, atomic_write_text
 
 DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "cifar10": {"model": "resnet8_cifar10"},
@@ -69,6 +72,8 @@ class ExperimentConfig:
     participation: float = 1.0
 
     def __post_init__(self) -> None:
+        import numbers
+
         from .corruptions import CORRUPTIONS, SEVERITIES
         from .strategies import STRATEGIES
         from .tta import LOCAL_METHODS
@@ -77,6 +82,39 @@ class ExperimentConfig:
         def bad(name: str, msg: str) -> None:
             raise ValueError(f"config field {name!r}: {msg}")
 
+        # types, by each field's annotation: bool only True/False; int not a bool or a float (5.0); float an int or
+        # a float, not a bool or a string; numpy scalars become Python ones
+        for f in dataclasses.fields(self):
+            optional = str(f.type).startswith("Optional[")
+            kind = str(f.type).removeprefix("Optional[").removesuffix("]")
+            v = getattr(self, f.name)
+            got = f"{v!r} ({type(v).__name__})"
+            or_null = " or null" if optional else ""
+            if v is None and optional:
+                continue
+            if kind == "bool":
+                if not isinstance(v, (bool, np.bool_)):
+                    bad(f.name, f"must be true or false, got {got}")
+                setattr(self, f.name, bool(v))
+            elif kind == "int":
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+                    hint = f"; write {int(v)}" if isinstance(v, float) and v.is_integer() else ""
+                    bad(f.name, f"must be an integer{or_null}, got {got}{hint}")
+                setattr(self, f.name, int(v))
+            elif kind == "float":
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+                    bad(f.name, f"must be a number{or_null}, got {got}")
+                if not isinstance(v, (int, float)):
+                    setattr(self, f.name, float(v))
+            elif kind == "str" and not isinstance(v, str):
+                bad(f.name, f"must be a string{or_null}, got {got}")
+            elif kind.startswith("Dict[") and not isinstance(v, dict):
+                bad(f.name, f"must be a mapping of parameter names to values, got {got}")
+            elif kind.startswith("Dict[") and not all(isinstance(k, str) for k in v):
+                bad(f.name, f"parameter names must be strings, got {sorted(map(repr, v))}")
+        c = self.corruptions
+        if not (isinstance(c, str) or isinstance(c, (list, tuple, np.ndarray)) and all(isinstance(x, str) for x in c)):
+            bad("corruptions", f"must be 'all', a comma-separated string or a list of names, got {c!r}")
         if self.dataset not in DATASET_DEFAULTS:
             bad("dataset", f"unknown dataset {self.dataset!r}; valid: {sorted(DATASET_DEFAULTS)}")
         if self.scenario not in SCENARIOS:
@@ -123,6 +161,14 @@ class ExperimentConfig:
         build_strategy(self.strategy, **self.strategy_params)
         if self.model is not None and self.model not in SOURCE_MODELS:
             bad("model", f"unknown source model {self.model!r}; valid: {sorted(SOURCE_MODELS)}")
+        if self.model is not None:  # a model fits the data its dataset's default model was trained on
+            trained_on = {m: (s.dataset, s.dataset_kwargs) for m, s in SOURCE_MODELS.items()}
+            fits = sorted(m for m, t in trained_on.items() if t == trained_on[DATASET_DEFAULTS[self.dataset]["model"]])
+            if self.model not in fits:
+                spec = SOURCE_MODELS[self.model]
+                size = f" at size {spec.dataset_kwargs['size']}" if "size" in spec.dataset_kwargs else ""
+                bad("model", f"source model {self.model!r} was trained on {spec.dataset}{size} and does not fit "
+                             f"dataset {self.dataset!r} (models that do: {fits}; leave model unset for the default)")
 
     @property
     def corruption_list(self) -> List[str]:
@@ -147,9 +193,15 @@ class ExperimentConfig:
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> "ExperimentConfig":
-        """Build from a dict (e.g. YAML); unknown keys raise ``ValueError`` naming them."""
+        """Build from a mapping (e.g. YAML); anything else (None: an empty file, a list) and unknown keys raise
+        ``ValueError`` naming them."""
+        from collections.abc import Mapping
+
+        if not isinstance(data, Mapping):
+            got = "nothing (an empty file?)" if data is None else f"a {type(data).__name__} ({str(data)[:60]})"
+            raise ValueError(f"a config must be a mapping of field names to values, got {got}")
         names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        unknown = sorted(str(k) for k in set(data) - names)
         if unknown:
             raise ValueError(f"unknown config field(s) {unknown}; valid: {sorted(names)}")
         return cls(**data)
@@ -322,9 +374,13 @@ def accuracy_by(steps: pd.DataFrame, column: str) -> Dict[str, Dict[str, float]]
 
 
 def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device: str, upload_bytes: int,
-              classes: Optional[ClassTally] = None, server_threads: int = 0) -> dict:
+              classes: Optional[ClassTally] = None, server_threads: int = 0,
+              code: Optional[Dict[str, Any]] = None) -> dict:
     """Headline numbers, per-domain and (with ``classes``) per-class accuracies, the config, versions, device and
-    wall time (with the torch and server threads it was measured with)."""
+    wall time (with the torch and server threads it was measured with), and the code that made the run
+    (``runstore.code_record``; computed now unless given, e.g. as recorded when the run started)."""
+    from .runstore import code_record
+
     n = steps["n"].sum()
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
             "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
@@ -335,21 +391,43 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
                                                   "torch": torch.__version__, "numpy": np.__version__,
                                                   "python": platform.python_version()},
             "device": device, "wall_time_s": round(wall_s, 2), "threads": torch.get_num_threads(),
-            "server_threads": server_threads}
+            "server_threads": server_threads, "code": code or code_record(cfg.local, cfg.strategy)}
 
 
 def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,
                    data_root: Optional[str] = None, stream: Optional[Stream] = None,
-                   server_threads: Optional[int] = None) -> Results:
-    """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted.
+                   server_threads: Optional[int] = None, overwrite: bool = False) -> Results:
+    """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted
+    (``runstore``: the folder is locked while the run writes it; a finished run of the same config is read back,
+    not run again; a finished run of another config is replaced only with ``overwrite``).
     ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; 0: none; None: on a CPU
     torch's thread count, and the clients then run on half of it; on a GPU two, ``default_server_threads``). An execution setting like the thread count: W is the
     same bit for bit; the clients' predictions differ at most by the float rounding of their own thread count."""
+    if out is None:
+        return _run(cfg, None, progress, data_root, stream, server_threads)
+    from .runstore import RunLock
+
+    if str(out).strip() == "":
+        raise ValueError("out: an empty path would write into the current folder; name a run folder")
+    with RunLock(out):
+        writer = RunWriter(Path(out), cfg, overwrite)
+        if writer.finished():
+            from .workbook import load_results
+
+            return load_results(Path(out))
+        return _run(cfg, writer, progress, data_root, stream, server_threads)
+
+
+def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, data_root: Optional[str],
+         stream: Optional[Stream], server_threads: Optional[int]) -> Results:
+    """``run_experiment``'s loop (with ``writer``: resumed from and committed to its folder)."""
+    from .runstore import code_record
     from .strategies import build_strategy
     from .training import load_source_model
     from .tta import build_local
     from .rng import derive_seed
 
+    code = code_record(cfg.local, cfg.strategy)  # the code as it is when the run starts
     device = resolve_device(cfg.device)
     stream = stream or build_stream(cfg, device, data_root)
     torch.manual_seed(derive_seed(cfg.seed, "engine"))
@@ -359,7 +437,6 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     n_steps = min(len(stream), cfg.max_steps or len(stream))
     if cfg.smoke:
         n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
-    writer = RunWriter(Path(out), cfg) if out is not None else None
     start, rows, weights, classes = 0, [], [], ClassTally()
     if writer is not None:
         start, rows, weights = writer.resume(engine)
@@ -393,66 +470,120 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     table = pd.DataFrame(rows)
     collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
     summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes,
-                        engine.rounds_ahead_threads)
+                        engine.rounds_ahead_threads, code)
     if writer is not None:
         writer.finish(table, collab, summary)
     return Results(table, collab, summary)
 
 
 class RunWriter:
-    """Writes a run's files slot by slot so an interrupted run resumes without losing or duplicating rows."""
+    """Writes a run folder slot by slot so that a crash at any instant leaves a resumable or a complete run
+    (``runstore`` explains the write order). Use under ``runstore.RunLock`` (``run_experiment`` does)."""
 
-    def __init__(self, out: Path, cfg: ExperimentConfig) -> None:
-        self.out, self.cfg = out, cfg
+    def __init__(self, out: Path, cfg: ExperimentConfig, overwrite: bool = False) -> None:
+        self.out, self.cfg, self.overwrite = out, cfg, overwrite
         out.mkdir(parents=True, exist_ok=True)
         self.steps_csv, self.ckpt, self.parts = out / "steps.csv", out / "checkpoint.pt", out / "collaboration_parts"
+        self.summary_json, self.collab = out / "summary.json", out / "collaboration.npz"
         # per-class totals of the committed steps; None after resuming a checkpoint written without them
         self.classes: Optional[ClassTally] = ClassTally()
+
+    def _other_config(self, stored: Dict[str, Any], what: str) -> None:
+        """Raise (or, with ``overwrite``, clear the folder) when ``stored`` is not this run's config."""
+        want = self.cfg.to_dict()
+        if stored == want:
+            return
+        if not self.overwrite:
+            diff = sorted(k for k in set(stored) | set(want) if stored.get(k) != want.get(k))
+            first = diff[0] if diff else "?"
+            raise RunStoreError(f"{self.out} holds {what} of another config ({len(diff)} field(s) differ, e.g. "
+                                f"{first}: {stored.get(first)!r} there, {want.get(first)!r} here); use another "
+                                "--out, or --overwrite to replace it")
+        self.clear()
+
+    def clear(self) -> None:
+        """Delete the run's files (summary first: an interrupted clear leaves no complete-looking run)."""
+        for p in (self.summary_json, self.ckpt, self.collab, self.steps_csv):
+            p.unlink(missing_ok=True)
+        if self.parts.exists():
+            shutil.rmtree(self.parts)
+
+    def finished(self) -> bool:
+        """True when the folder holds this config's finished run (it is read back, not run again)."""
+        if not self.summary_json.exists():
+            return False
+        try:
+            stored = json.loads(self.summary_json.read_text()).get("config")
+        except ValueError:
+            stored = None
+        if stored is None:
+            raise RunStoreError(f"{self.summary_json} cannot be read; delete {self.out} to run again")
+        self._other_config(stored, "a finished run")
+        if not self.summary_json.exists():  # cleared by --overwrite
+            return False
+        self.ckpt.unlink(missing_ok=True)  # resume state left by a kill after the summary was written
+        if self.parts.exists():
+            shutil.rmtree(self.parts)
+        return True
 
     def resume(self, engine: Engine):
         """Restore engine state, completed rows and per-class totals (``self.classes``); returns
         (next_step, rows, weights)."""
         if not self.ckpt.exists():
-            for p in (self.steps_csv,):
-                p.unlink(missing_ok=True)
+            self.clear()  # rows or W written before the first checkpoint are not covered by one
             return 0, [], []
         state = torch.load(self.ckpt, map_location="cpu", weights_only=False)
-        if state["config"] != self.cfg.to_dict():
-            raise ValueError(f"{self.out} holds a run with a different config; use another --out or delete it")
+        self._other_config(state["config"], "an unfinished run")
+        if not self.ckpt.exists():  # cleared by --overwrite
+            return 0, [], []
         engine.load_state_dict(state["engine"])
         nxt = state["next_step"]
         self.classes = ClassTally.from_state(state["classes"]) if "classes" in state else None
-        table = pd.read_csv(self.steps_csv) if self.steps_csv.exists() else pd.DataFrame()
-        table = table[table["step"] < nxt] if len(table) else table
-        table.to_csv(self.steps_csv, index=False)
-        parts = sorted(self.parts.glob("*.npy"))
+        size = state.get("csv_bytes")
+        if size is not None:  # drop what was appended after the checkpoint (a row cut by a kill included)
+            have = self.steps_csv.stat().st_size if self.steps_csv.exists() else 0
+            if have < size:
+                raise RunStoreError(f"{self.steps_csv} has {have} bytes, its checkpoint vouches for {size}: the "
+                                    f"file was damaged; delete {self.out} to run again")
+            with open(self.steps_csv, "r+b") as fh:
+                fh.truncate(size)
+            table = pd.read_csv(self.steps_csv) if size else pd.DataFrame()
+        else:  # a checkpoint written before byte counts were recorded
+            table = pd.read_csv(self.steps_csv) if self.steps_csv.exists() else pd.DataFrame()
+            table = table[table["step"] < nxt] if len(table) else table
+            atomic_write(self.steps_csv, lambda fh: fh.write(table.to_csv(index=False).encode()))
+        parts = sorted(p for p in self.parts.glob("*.npy") if int(p.stem) <= nxt)
         weights = [w for p in parts for w in np.load(p)][:nxt]
         return nxt, table.to_dict("records"), weights
 
     def commit(self, engine: Engine, next_step: int, rows: List[dict], weights: List[np.ndarray],
                classes: Optional[ClassTally] = None) -> None:
-        """Append a finished slot: rows, W, then the checkpoint (with the per-class totals; written atomically last)."""
-        pd.DataFrame(rows).to_csv(self.steps_csv, mode="a", header=not self.steps_csv.exists(), index=False)
+        """Append a finished slot: rows (fsync-ed), W, then the checkpoint, written atomically last with the byte
+        length of ``steps.csv`` it covers."""
+        with open(self.steps_csv, "a", newline="") as fh:
+            pd.DataFrame(rows).to_csv(fh, header=fh.tell() == 0, index=False)
+            fh.flush()
+            os.fsync(fh.fileno())
         self.parts.mkdir(exist_ok=True)
-        np.save(self.parts / f"{next_step:08d}.npy", np.stack(weights).astype(np.float32))
-        tmp = self.ckpt.with_suffix(".tmp")
-        state = {"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step}
+        block = np.stack(weights).astype(np.float32)
+        atomic_write(self.parts / f"{next_step:08d}.npy", lambda fh: np.save(fh, block))
+        state = {"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step,
+                 "csv_bytes": self.steps_csv.stat().st_size}
         if classes is not None:
             state["classes"] = classes.state()
-        torch.save(state, tmp)
-        tmp.replace(self.ckpt)
+        atomic_write(self.ckpt, lambda fh: torch.save(state, fh))
 
     def finish(self, table: pd.DataFrame, collab: np.ndarray, summary: dict) -> None:
-        """Write the final files and drop the resume state."""
-        table.to_csv(self.steps_csv, index=False)
-        np.savez_compressed(self.out / "collaboration.npz", W=collab.astype(np.float32),
-                            steps=np.arange(len(collab)))
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+        """Write W and then the summary (atomically, last: it marks the run complete); drop the resume state.
+        ``steps.csv`` already holds every row (appended slot by slot) and is not rewritten."""
+        if not self.steps_csv.exists():  # a run of zero steps
+            atomic_write(self.steps_csv, lambda fh: fh.write(table.to_csv(index=False).encode()))
+        atomic_write(self.collab, lambda fh: np.savez_compressed(fh, W=collab.astype(np.float32),
+                                                                  steps=np.arange(len(collab))))
+        atomic_write_text(self.summary_json, json.dumps(summary, indent=2, default=float) + "\n")
         self.ckpt.unlink(missing_ok=True)
-        for p in self.parts.glob("*.npy"):
-            p.unlink()
         if self.parts.exists():
-            self.parts.rmdir()
+            shutil.rmtree(self.parts)
 
 
 def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: bool = False,

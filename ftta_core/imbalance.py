@@ -240,13 +240,14 @@ def stored_runs(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path
                 progress: bool = False) -> Optional[Dict[str, Any]]:
     """``workbook.run_stored`` (W kept); with ``compute=False`` only when every strategy is already stored with
     this config, else None (nothing runs)."""
+    from .runstore import read_summary, usable
     from .workbook import run_stored
 
     if not compute:
         for s in strategies:
             path = Path(out_dir) / s / "summary.json"
             want = dataclasses.replace(base, strategy=s, strategy_params={}).to_dict()
-            if not path.exists() or json.loads(path.read_text())["config"] != want:
+            if usable(path) is None or read_summary(path)["config"] != want:
                 return None
     return run_stored(base, strategies, Path(out_dir), progress=progress)
 

@@ -1,12 +1,50 @@
-"""Headless notebook execution with papermill, and the smoke switch every notebook reads."""
+"""Headless notebook execution with papermill, and the smoke switch every notebook reads.
+
+Where a run writes (``python -m ftta_core notebooks``):
+
+* by default into an output folder (``--out-dir``, else ``runs/notebooks/<stamp>/``): the executed copies go there, and
+  so do the figures and tables the notebooks write -- the parameters naming those folders (``figure_dir``,
+  ``figures_dir``; 40_fedicon's ``results_dir``) are redirected from ``../figures/<sub>`` to ``<out>/figures/<sub>``.
+  Stored-run folders (``results_dir`` of the other notebooks, ``table1_runs``, ...) are shared caches keyed by config
+  hash, read by every notebook and by ``fedtsa-table`` / ``run-plan``: they are not redirected.
+* with ``in_place=True`` (``--in-place``) into the committed ``notebooks/*.ipynb`` and ``figures/``: each notebook is
+  executed into a staging copy first and replaces the committed one (atomically) only when execution succeeded.
+  Smoke runs are refused: smoke outputs must never land in tracked notebooks.
+"""
 from __future__ import annotations
 
+import ast
+import logging
 import os
-from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+REPO_DIR = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = REPO_DIR / "notebooks"
+DEFAULT_OUT_ROOT = REPO_DIR / "runs" / "notebooks"  # runs/ is git-ignored
 SMOKE_ENV = "FTTA_SMOKE"
+
+# Parameters-cell names of the folders a notebook writes its figures and tables to (defaults under ../figures). A run
+# with an output folder points them at <out>/figures/<same sub-path>. The tuple names sub-folders that hold stored
+# runs (a cache keyed by config hash): they are linked back to the committed store, so nothing is recomputed.
+OUTPUT_PARAMETERS: Dict[str, tuple] = {"figure_dir": (), "figures_dir": ()}
+NOTEBOOK_OUTPUT_PARAMETERS: Dict[str, Dict[str, tuple]] = {"40_fedicon": {"results_dir": ("cache",)}}
+
+IN_PLACE_SMOKE_REFUSED = ("--in-place refuses a smoke run (--smoke, -p smoke=True or FTTA_SMOKE=1): smoke outputs "
+                          "must never land in the tracked notebooks")
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook's execution failed; ``executed`` is the partial copy papermill wrote (with the failing cell)."""
+
+    def __init__(self, notebook: Path, executed: Path, cause: BaseException):
+        if hasattr(cause, "ename"):  # papermill's PapermillExecutionError: the failing cell's exception
+            what = f"cell [{cause.exec_count}] raised {cause.ename}: {cause.evalue}"
+        else:
+            what = f"{type(cause).__name__}: {cause}"
+        super().__init__(f"{notebook.name} failed, {what}; executed copy: {executed}")
+        self.notebook, self.executed = notebook, executed
 
 
 def smoke_mode(smoke: bool) -> bool:
@@ -26,19 +64,134 @@ def notebook_paths(names: Sequence[str] = ()) -> List[Path]:
     return [by_key[n] for n in names]
 
 
-def execute_notebooks(names: Sequence[str] = (), smoke: bool = False, parameters: Optional[Dict[str, Any]] = None,
-                      out_dir: Optional[Path] = None) -> List[Path]:
-    """Execute notebooks with papermill (``smoke`` and ``parameters`` injected); returns the executed paths."""
+def output_parameters(path: Path) -> Dict[str, tuple]:
+    """The parameters of one notebook that name where it writes figures and tables (see ``OUTPUT_PARAMETERS``)."""
+    return {**OUTPUT_PARAMETERS, **NOTEBOOK_OUTPUT_PARAMETERS.get(Path(path).stem, {})}
+
+
+def _output_folders(path: Path) -> Dict[str, PurePosixPath]:
+    """``{parameter: default}`` of the notebook's output parameters whose default is a folder under ``../figures``."""
     import papermill as pm
 
+    parse_log = logging.getLogger("papermill.translators")  # "Unable to parse line" for parameters it cannot type
+    level = parse_log.level
+    parse_log.setLevel(logging.ERROR)
+    try:
+        declared = pm.inspect_notebook(str(path))
+    finally:
+        parse_log.setLevel(level)
+    out = {}
+    for name in output_parameters(path):
+        try:
+            default = ast.literal_eval(declared[name]["default"]) if name in declared else None
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(default, str) and PurePosixPath(default).parts[:2] == ("..", "figures"):
+            out[name] = PurePosixPath(default)
+    return out
+
+
+def redirected_outputs(path: Path, out_dir: Path) -> Dict[str, str]:
+    """``{parameter: folder}`` sending the notebook's ``../figures/<sub>`` output folders to ``<out_dir>/figures/<sub>``
+    (absolute paths: papermill runs the kernel in ``notebooks/``)."""
+    return {name: str(Path(out_dir).resolve().joinpath("figures", *default.parts[2:]))
+            for name, default in _output_folders(path).items()}
+
+
+def _link_stores(path: Path, redirected: Dict[str, str]) -> None:
+    """Link the stored-run sub-folders of redirected output folders back to the committed stores."""
+    defaults = _output_folders(path)
+    for name, stores in output_parameters(path).items():
+        for store in stores if name in redirected else ():
+            source, link = (NOTEBOOK_DIR / defaults[name] / store).resolve(), Path(redirected[name]) / store
+            if source.is_dir() and not link.exists():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(source, target_is_directory=True)
+
+
+def default_out_dir(smoke: bool) -> Path:
+    """``runs/notebooks/<YYYYmmdd-HHMMSS>[-smoke]``: a fresh git-ignored folder per run."""
+    return DEFAULT_OUT_ROOT / (time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if smoke else ""))
+
+
+def is_smoke_run(smoke: Optional[bool], parameters: Optional[Dict[str, Any]]) -> bool:
+    """Whether a run executes in smoke mode: the flag (wins when given), else ``-p smoke=...``, or ``$FTTA_SMOKE``."""
+    value = smoke if smoke is not None else (parameters or {}).get("smoke", False)
+    return smoke_mode(bool(value))
+
+
+def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
+                      parameters: Optional[Dict[str, Any]] = None, out_dir: Optional[Path] = None,
+                      in_place: bool = False, on_done: Optional[Callable[[Path], None]] = None) -> List[Path]:
+    """Execute notebooks with papermill; returns the executed paths.
+
+    ``smoke`` is injected only when given (True/False); otherwise a ``smoke`` in ``parameters`` or the notebook's own
+    default applies. Without ``in_place`` the executed copies, figures and tables go to ``out_dir`` (default
+    ``runs/notebooks/<stamp>/``) and nothing tracked is written. With ``in_place`` each committed notebook is replaced,
+    atomically, by its executed copy only when execution succeeded; smoke runs are refused (``ValueError``). A failed
+    execution raises ``NotebookFailed`` (from papermill's error) and leaves its partial copy in the output folder
+    (with ``in_place``: the staging folder ``runs/notebooks/<stamp>-in-place/``).
+    """
+    import papermill as pm
+
+    params = dict(parameters or {})
+    if smoke is not None:
+        params["smoke"] = bool(smoke)
+    run_smoke = is_smoke_run(smoke, parameters)
+    if in_place:
+        if out_dir is not None:
+            raise ValueError("--in-place and --out-dir exclude each other")
+        if run_smoke:
+            raise ValueError(IN_PLACE_SMOKE_REFUSED)
+        params["smoke"] = False  # recorded in metadata.papermill.parameters: the committed notebooks are full runs
+        out = DEFAULT_OUT_ROOT / (time.strftime("%Y%m%d-%H%M%S") + "-in-place")  # staging copies (kept on failure)
+    else:
+        out = Path(out_dir) if out_dir is not None else default_out_dir(run_smoke)
+        if out.resolve() == NOTEBOOK_DIR.resolve():
+            raise ValueError(f"--out-dir {out_dir} is the committed notebooks' folder: use --in-place to rewrite them")
+
+    paths = notebook_paths(names)
     done = []
-    for path in notebook_paths(names):
-        target = path if out_dir is None else Path(out_dir) / path.name
+    for path in paths:
+        nb_params = dict(params)
+        if not in_place:
+            redirected = {k: v for k, v in redirected_outputs(path, out).items() if k not in params}
+            _link_stores(path, redirected)
+            nb_params.update(redirected)
+        target = out / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
-        pm.execute_notebook(str(path), str(target), parameters={**(parameters or {}), "smoke": smoke},
-                            cwd=str(NOTEBOOK_DIR), kernel_name="python3", progress_bar=False)
+        try:
+            pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
+                                kernel_name="python3", progress_bar=False)
+        except Exception as e:  # the committed notebook is untouched: only ``target`` was written
+            raise NotebookFailed(path, target, e) from e
+        if in_place:
+            _replace_atomically(target, path)
+            target.unlink()  # the staging copy is only kept when execution failed
+            if not any(out.iterdir()):
+                out.rmdir()
+            target = path
         done.append(target)
+        if on_done is not None:
+            on_done(target)
     return done
+
+
+def _replace_atomically(executed: Path, committed: Path) -> None:
+    """Write the executed notebook (its papermill output path set to the committed one) next to the committed file,
+    then ``os.replace`` it over the committed file: a reader sees the old or the new notebook, never a partial one."""
+    import nbformat
+
+    nb = nbformat.read(str(executed), as_version=4)
+    if "papermill" in nb.metadata:
+        nb.metadata["papermill"]["output_path"] = str(committed)
+    tmp = committed.with_name(f".{committed.name}.tmp")
+    try:
+        nbformat.write(nb, str(tmp))
+        os.replace(tmp, committed)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def text_outputs(path: Path) -> List[str]:

@@ -231,7 +231,9 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
 
     from .workbook import SUMMARY_KEYS
 
-    summaries = [json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("*.json"))]
+    from .runstore import read_summary
+
+    summaries = [read_summary(p) for p in sorted(Path(results_dir).glob("*.json"))]
     rows = []
     for tta in ttas:
         for setting in settings:
@@ -262,6 +264,70 @@ def missing_table1_runs(grid: pd.DataFrame, strategies: Sequence[str], seeds: Se
                     rows.append({"tta": tta, "setting": setting, "method": METHOD_LABELS.get(s, s),
                                  "missing_seeds": " ".join(map(str, missing)), "stored": len(seeds) - len(missing)})
     return pd.DataFrame(rows, columns=["tta", "setting", "method", "missing_seeds", "stored"])
+
+
+GRAD_CELLS = ("grad", "grad-adam", "grad-running", "grad-running-adam")
+
+
+def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/fedtsa_table1/runs",
+                   seeds: Sequence[int] = (0, 1, 2, 3, 4), settings: Sequence[str] = TABLE1_SETTINGS,
+                   strategies: Sequence[str] = ("local", "fedavg", "fedtsa")) -> pd.DataFrame:
+    """The TTA-grad 2x2 (BatchNorm {batch, running} x optimiser {SGD 1e-4, Adam 1e-5}) from stored Table 1 runs.
+
+    One row per (cell, setting): the cell's local settings, the seeds with a Local run, Local's accuracy, and,
+    paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
+    ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1). NaN where a run is
+    missing."""
+    grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn", *GRAD_CELLS), settings)
+    paper = paper_table("fedtsa_table1")
+    paper = paper[paper.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
+    rows = []
+    for cell in GRAD_CELLS:
+        params = TTA_SETTINGS[cell]["local_params"]
+        for setting in settings:
+            g = grid[(grid.tta == cell) & (grid.setting == setting)] if len(grid) else grid
+            bn = grid[(grid.tta == "bn") & (grid.setting == setting)] if len(grid) else grid
+            local = _per_seed(g, "local", "grad") if len(g) else pd.Series(dtype=float)
+            local_bn = bn.groupby("seed")["accuracy_local"].first() if len(bn) else pd.Series(dtype=float)
+            row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
+                   "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
+            paired = local.index.intersection(local_bn.index)
+            row["local - local(bn)"] = (local[paired] - local_bn[paired]).mean() if len(paired) else float("nan")
+            row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
+                                               - paper.get(("Local", setting, "bn"), float("nan")))
+            for s in strategies:
+                if s == "local":
+                    continue
+                theirs = _per_seed(g, s, "grad") if len(g) else pd.Series(dtype=float)
+                both = local.index.intersection(theirs.index)
+                label = METHOD_LABELS.get(s, s)
+                row[f"{label} - local"] = (theirs[both] - local[both]).mean() if len(both) else float("nan")
+                row[f"{label} seeds"] = len(both)
+                row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
+                                                  - paper.get(("Local", setting, "grad"), float("nan")))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
+    """Which cells of ``tta_grad_cells`` show the paper's TTA-grad pattern (Local(grad) clearly below Local(bn),
+    FedAvg clearly above Local: both by more than ``tie`` points), computed from the table; names the cells
+    without runs."""
+    parts = []
+    for d in table.to_dict("records"):
+        name = f"{d['cell']} ({d['setting'].upper()})"
+        gap, gain = d["local - local(bn)"], d.get("FedAvg - local", float("nan"))
+        if pd.isna(gap) and pd.isna(gain):
+            parts.append(f"{name}: no stored run")
+            continue
+        below = "below" if gap < -tie else "above" if gap > tie else "within"
+        fedavg = ("no FedAvg run" if pd.isna(gain) else
+                  f"FedAvg {'above' if gain > tie else 'below' if gain < -tie else 'within'} {tie:g} points of "
+                  f"Local ({gain:+.2f})")
+        holds = (not pd.isna(gain)) and gap < -tie and gain > tie
+        parts.append(f"{name}: Local(grad) {below} {tie:g} points of Local(bn) ({gap:+.2f}), {fedavg}: the "
+                     f"paper's pattern {'holds' if holds else 'does not hold'}")
+    return "; ".join(parts) + "."
 
 
 def _paper_lookup(table: pd.DataFrame, keys: Sequence[tuple], column: str) -> list:

@@ -19,6 +19,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .runstore import store_summary
+
 PLAN_ENV = "FTTA_PLAN"
 REPO_DIR = Path(__file__).resolve().parents[1]
 
@@ -86,14 +88,6 @@ def read_plan(path: Path | str) -> List[PlannedJob]:
             raise ValueError(f"{path}:{n}: not a planned job ({err})") from err
         jobs.setdefault(job.key, job)
     return list(jobs.values())
-
-
-def store_summary(path: Path, summary: Dict[str, Any]) -> None:
-    """Write one run's summary atomically (parallel workers never leave a half-written file behind)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(summary, indent=1, default=float))
-    tmp.replace(path)
 
 
 def run_job(job: PlannedJob) -> Dict[str, Any]:

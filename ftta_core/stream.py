@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Sequence
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from .data.base import ImageArray
+from .data.cache import load_checked, save_checked
 from .rng import derive_seed
 from .scenarios import Scenario
 
@@ -28,7 +30,8 @@ class StreamBatch:
 
 
 class CorruptedDomains:
-    """A base image set under named corruptions (or ``clean``) at one severity; each domain generated once, cached."""
+    """A base image set under named corruptions (or ``clean``) at one severity; each domain generated once, cached
+    (``.npy`` + checksum, verified on every load; a bad file is rebuilt with a warning naming it)."""
 
     def __init__(self, base: ImageArray, corruptions: Sequence[str], severity: int = 5, seed: int = 0,
                  cache_dir: Optional[Path] = None, chunk: int = 1000) -> None:
@@ -57,6 +60,7 @@ class CorruptedDomains:
         return [derive_seed(self.seed, "corruption", name, self.severity, int(i)) for i in indices]
 
     def _cache_path(self, name: str) -> Optional[Path]:
+        """The cache file of domain ``name`` (None without a cache folder); its checksum sits beside it."""
         if self.cache_dir is None:
             return None
         digest = hashlib.sha1(self.base.images[:: max(1, len(self.base) // 64)].tobytes()).hexdigest()[:12]
@@ -78,18 +82,25 @@ class CorruptedDomains:
             if name == CLEAN:
                 self._memory[domain] = self.base.images
             else:
-                path = self._cache_path(name)
-                if path is not None and path.exists():
-                    self._memory[domain] = np.load(path)
-                else:
-                    arr = self._generate(name)
-                    if path is not None:
-                        path.parent.mkdir(parents=True, exist_ok=True)
-                        tmp = path.with_suffix(".tmp.npy")
-                        np.save(tmp, arr)
-                        tmp.replace(path)
-                    self._memory[domain] = arr
+                self._memory[domain] = self._cached(name)
         return self._memory[domain]
+
+    def _cached(self, name: str) -> np.ndarray:
+        """Domain ``name`` from the cache when its file passes its checksum, else generated (deterministic: a
+        rebuilt file holds the same pixels) and stored atomically with its checksum; a bad file is reported."""
+        path = self._cache_path(name)
+        if path is not None:
+            arr = load_checked(path, self.base.images.shape, self.base.images.dtype)
+            if arr is not None:
+                return arr
+        arr = self._generate(name)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_checked(path, arr)
+            except OSError as err:
+                warnings.warn(f"could not write the corrupted-image cache file '{path}': {err}", stacklevel=3)
+        return arr
 
     def images(self, domain: int, indices: np.ndarray) -> np.ndarray:
         """Images ``indices`` of the base set under domain ``domain``."""

@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import pandas as pd
 
 from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment
-from .plan import REPO_DIR, add_to_plan, plan_file, store_summary
+from .plan import REPO_DIR, add_to_plan, plan_file
+from .runstore import atomic_write, atomic_write_text, read_summary, store_summary, usable
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
 
@@ -35,7 +36,7 @@ def stored_path(cfg: ExperimentConfig, results_dir: Optional[Path], also_read: S
     None if nowhere."""
     name = f"{config_key(cfg)}.json"
     folders = ([] if results_dir is None else [Path(results_dir)]) + [Path(f) for f in also_read]
-    return next((f / name for f in folders if (f / name).exists()), None)
+    return next((f / name for f in folders if usable(f / name)), None)
 
 
 def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
@@ -61,7 +62,7 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
         path = Path(results_dir) / f"{config_key(cfg)}.json" if results_dir is not None else None
         found = stored_path(cfg, results_dir, also_read)
         if found is not None and not keep:
-            summary = json.loads(found.read_text())
+            summary = read_summary(found)
         elif only_cached:
             continue
         elif path is not None and plan_file() is not None:  # planning: record the run, run nothing
@@ -107,7 +108,7 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
                 if paths[s] is not None:
                     store_summary(paths[s], summary)
             elif found[s] is not None:
-                summary = json.loads(found[s].read_text())
+                summary = read_summary(found[s])
             else:
                 continue
             rows.append({"variant": s, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
@@ -250,8 +251,8 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
     cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}) for s in strategies}
 
     def stored(s: str) -> bool:
-        path = out_dir / s / "summary.json"
-        return path.exists() and identity_of(json.loads(path.read_text())["config"]) == cfgs[s].identity()
+        path = usable(out_dir / s / "summary.json")
+        return path is not None and identity_of(read_summary(path)["config"]) == cfgs[s].identity()
 
     missing = [s for s in strategies if not stored(s)]
     if missing:
@@ -260,11 +261,13 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
         except SharedPassError:  # the local method trains or carries state: one run per strategy
             fresh = {s: run_experiment(cfgs[s], progress=progress) for s in missing}
         for s, res in fresh.items():
-            folder = out_dir / s
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "summary.json").write_text(json.dumps(res.summary, indent=1, default=float) + "\n")
-            np.savez_compressed(folder / "collaboration.npz", W=res.collaboration.astype(np.float32))
-            slot_table(res.steps).to_csv(folder / "slots.csv", index=False, float_format="%.4f")
+            folder = out_dir / s  # the summary last: a folder with one is complete (``runstore``)
+            (folder / "summary.json").unlink(missing_ok=True)
+            atomic_write(folder / "collaboration.npz",
+                         lambda fh, w=res.collaboration: np.savez_compressed(fh, W=w.astype(np.float32)))
+            atomic_write(folder / "slots.csv", lambda fh, st=res.steps: fh.write(slot_table(st).to_csv(
+                index=False, float_format="%.4f").encode()))
+            atomic_write_text(folder / "summary.json", json.dumps(res.summary, indent=1, default=float) + "\n")
     return read_stored(out_dir, strategies)
 
 
@@ -274,7 +277,7 @@ def read_stored(out_dir: Path, strategies: Sequence[str]) -> Dict[str, StoredRun
     import numpy as np
 
     out_dir = Path(out_dir)
-    return {s: StoredRun(json.loads((out_dir / s / "summary.json").read_text()),
+    return {s: StoredRun(read_summary(out_dir / s / "summary.json"),
                          np.load(out_dir / s / "collaboration.npz")["W"], pd.read_csv(out_dir / s / "slots.csv"))
             for s in strategies if (out_dir / s / "summary.json").exists()}
 
@@ -362,7 +365,7 @@ def stored_summaries(base: ExperimentConfig, variants: Mapping[str, Mapping[str,
             cfg = dataclasses.replace(base, **dict(variants[name]), seed=seed)
             path = Path(results_dir) / f"{config_key(cfg)}.json"
             if path.exists():
-                out[(name, seed)] = json.loads(path.read_text())
+                out[(name, seed)] = read_summary(path)
     return out
 
 

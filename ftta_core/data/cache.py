@@ -9,6 +9,9 @@
   and a fingerprint (source file size + mtime, expected manifest hashes, options, cache format version). Files are
   written to a temporary name and renamed, so concurrent readers never see half a file. Cached arrays are not
   re-hashed on load: they were verified before being written and the key changes when the source does.
+* ``save_checked`` / ``load_checked`` keep an array with a sidecar (shape, dtype, SHA-256) and verify it on every
+  load, for caches whose key does not change when a file goes bad (e.g. the corrupted test sets of
+  ``stream.CorruptedDomains``); a file that fails its check is reported by name and rebuilt by the caller.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Dict, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -159,17 +162,72 @@ def cached_arrays(
     return arrays
 
 
-def _atomic_save(path: Path, array: np.ndarray) -> None:
-    """Write ``array`` as .npy to a temporary file in the same folder, then rename it onto ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Call ``write(fh)`` on a temporary file in ``path``'s folder, then rename it onto ``path``. The temporary
+    name is unique per writer (pid + a random part, created exclusively), so concurrent writers never share one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.save(fh, np.ascontiguousarray(array), allow_pickle=False)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; cached arrays are public data
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes are on disk before the name points at them
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; cached files are public data
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _atomic_save(path: Path, array: np.ndarray) -> None:
+    """Write ``array`` as .npy to a temporary file in the same folder, then rename it onto ``path``."""
+    atomic_write(path, lambda fh: np.save(fh, np.ascontiguousarray(array), allow_pickle=False))
+
+
+def checksum_path(path: Path) -> Path:
+    """The sidecar of a checked array file: ``<file>.sha256.json``."""
+    return path.with_name(path.name + ".sha256.json")
+
+
+def array_facts(array: np.ndarray) -> Dict[str, Any]:
+    """What a checked array's sidecar records: shape, dtype and the SHA-256 of its bytes."""
+    return {"shape": list(array.shape), "dtype": str(array.dtype), "sha256": sha256_hex(array)}
+
+
+def save_checked(path: Path, array: np.ndarray) -> None:
+    """Store ``array`` at ``path`` (.npy) with its sidecar (``array_facts``), both atomically. The sidecar goes
+    first: for a path whose content is deterministic, a reader racing a writer then finds either no array (and
+    builds it too) or an array with the sidecar of its content, never an array without a sidecar."""
+    facts = json.dumps(array_facts(array), sort_keys=True).encode("utf-8")
+    atomic_write(checksum_path(path), lambda fh: fh.write(facts))
+    _atomic_save(path, array)
+
+
+def load_checked(path: Path, shape: Sequence[int] | None = None, dtype: Any = None) -> np.ndarray | None:
+    """The array at ``path`` when it agrees with its sidecar (and ``shape``/``dtype`` when given); None when there
+    is no file, or, with a warning naming the file, when it fails a check (truncated, zeroed, no sidecar, wrong
+    shape, checksum mismatch): the caller rebuilds it."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        recorded = json.loads(checksum_path(path).read_text())
+        array = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        problem = f"has no checksum file '{checksum_path(path).name}' (written by an older version)"
+    except (OSError, ValueError, EOFError) as err:  # truncated, zeroed or foreign bytes
+        problem = f"is unreadable ({type(err).__name__}: {err})"
+    else:
+        facts = array_facts(array)
+        expected = {**(recorded if isinstance(recorded, dict) else {"sidecar": recorded}),
+                    **({} if shape is None else {"shape": list(shape)}),
+                    **({} if dtype is None else {"dtype": str(np.dtype(dtype))})}
+        bad = [k for k in ("shape", "dtype", "sha256") if facts[k] != expected.get(k)]
+        if not bad:
+            return array
+        problem = "does not match its checksum file (" + "; ".join(
+            f"{k}: expected {expected.get(k)!r}, got {facts[k]!r}" for k in bad) + ")"
+    warnings.warn(f"cache file '{path}' {problem}; rebuilding it", stacklevel=2)
+    return None
 
 
 def load_packed(

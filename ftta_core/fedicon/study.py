@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..rng import torch_generator
+from ..runstore import atomic_write_text, code_record_of, read_summary, usable
 from .adaptation import TTAConfig, accuracy, contrastive_tta, eata_predict, predict, t3a_predict, tent_predict
 from .data import ClientData
 from .fedthe import FedTHEConfig, fedthe_train, the_predict
@@ -27,6 +28,9 @@ from .training import TrainConfig, federated_train, fine_tune, train_classifier
 TABLE1_METHODS = ("Local", "FedAvg", "FedAvg-FT", "FedProx", "FedRep", "FedBN", "FedTHE", "Tent", "EATA", "T3A",
                   "FedICON")
 # Table 8: (local invariance extraction, global invariance sharing, test-time adaptation) -> (models, test-time)
+# what a FedICON record depends on (its ``code`` record, ``runstore``)
+CODE_ROOTS = ("ftta_core.fedicon", "ftta_core.models", "ftta_core.data", "ftta_core.rng")
+
 ABLATION = {
     (False, False, False): ("local_ce", "none"), (True, False, False): ("local_supcon", "none"),
     (False, True, False): ("fedavg", "none"), (False, False, True): ("local_ce", "contrastive"),
@@ -141,15 +145,16 @@ def run_methods(results_dir: Path, setting: dict, methods: Sequence[str], seeds:
                 if METHODS.get(method, ("",))[0] == "fedthe":
                     full["the"] = asdict(the_cfg)
                 path = results_dir / f"{setting_key(full)}.json"
-                if path.exists():
-                    record = json.loads(path.read_text())
+                if usable(path) is not None:
+                    record = read_summary(path)
                 else:
                     if study is None:
                         study = Study(build_clients(seed), arch, train_cfg, tta_cfg, seed, the_cfg)
                     t0 = time.time()
                     acc = study.accuracies(method, clean=not shifted)
-                    record = {"setting": full, "accuracy": acc, "wall_s": round(time.time() - t0, 2)}
-                    path.write_text(json.dumps(record, indent=1) + "\n")
+                    record = {"setting": full, "accuracy": acc, "wall_s": round(time.time() - t0, 2),
+                              "code": code_record_of(CODE_ROOTS)}
+                    atomic_write_text(path, json.dumps(record, indent=1) + "\n")
                     if progress:
                         progress(f"{setting.get('name', '')} seed {seed} {method}{'' if shifted else ' (clean)'}: "
                                  f"mean {sum(acc.values()) / len(acc):.2f}% ({record['wall_s']} s)")

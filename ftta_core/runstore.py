@@ -1,0 +1,395 @@
+"""The run store: how every run of the workbook is written, locked, resumed, read back and checked against the code.
+
+Two layouts hold runs, both plain files under version control (one file or folder per run, readable diffs):
+
+- a **run folder** (``python -m ftta_core run --out DIR``, studies' per-strategy folders): ``steps.csv``,
+  ``collaboration.npz``, ``summary.json``; while running also ``checkpoint.pt``, ``collaboration_parts/`` and
+  ``.lock``. Written by ``RunWriter``.
+- a **summary file** ``<config hash>.json`` in a results folder (grids, ``run-plan`` workers), written by
+  ``store_summary``; while it runs, the grid keeps a resumable run folder under ``runs/partial/<hash>``.
+
+Why files and atomic renames rather than SQLite: the stored runs are committed to git (a database file would make
+every merge a conflict and every diff opaque), they are written by independent worker processes and read by
+notebooks, and each run is small. Crash safety comes from the write order:
+
+1. every file is written to a unique temporary name in the same folder, flushed, ``fsync``-ed and renamed over its
+   target (``atomic_write``): a reader sees the old file or the new one, never a half-written one;
+2. while a run folder is unfinished, appended rows are covered by the checkpoint, which records the byte length of
+   ``steps.csv`` it vouches for: a resume truncates the file to that length (a row cut by a kill is dropped);
+3. ``summary.json`` is written last: a folder with a summary is complete, one without is resumed from its
+   checkpoint, and the checkpoint is deleted only after the summary exists.
+
+A run folder is locked while a process writes it (``RunLock``, ``flock``): a second run into the same folder stops
+at once with one line. A folder holding a finished run of another config is never overwritten unless asked
+(``overwrite=True``, ``run --overwrite``); a finished run of the same config is read back, not run again.
+
+**Code records.** Every summary records the code that made it (``code_record``): a hash per source module the run
+depends on (the local method's and strategy's modules and what they import, the engine, stream, scenarios,
+corruptions, models, data loaders, and ``experiment``'s run loop), hashed from the syntax tree without docstrings,
+so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is ``current``,
+``stale`` (a module it depends on changed: ``stale_modules`` names them) or ``unrecorded`` (stored before records
+existed). Grids never reuse a stale run silently: they warn and, with ``FTTA_RERUN_STALE=1``, run it again.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "ftta_core"
+PACKAGE_DIR = Path(__file__).resolve().parent
+RERUN_STALE_ENV = "FTTA_RERUN_STALE"
+# modules every simulated run depends on (besides its local method and strategy); packages list all their modules
+RUN_ROOTS = ("engine.loop", "engine.bank", "engine.layers", "engine.mixing", "stream", "scenarios", "training",
+             "rng", "corruptions", "models", "data")
+# functions of ``experiment`` that make a run's numbers (the rest of the module is config checking and reporting)
+RUN_FUNCTIONS = ("run_experiment", "run_strategies", "build_stream", "build_scenario", "step_rows", "summarize",
+                 "accuracy_by", "local_params", "strategy_params")
+
+
+class RunStoreError(RuntimeError):
+    """A run folder cannot be used as asked (locked, or holding another config's finished run)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# atomic files
+
+def atomic_write(path: Path | str, write: Callable[[BinaryIO], Any]) -> None:
+    """Create ``path`` atomically: ``write(fh)`` fills a unique temporary file beside it (binary handle), which is
+    fsync-ed and renamed over ``path`` (``data.cache.atomic_write``), then the folder entry is fsync-ed. A crash
+    leaves the old file (or none) and at worst a stray ``.*.tmp`` file."""
+    from .data.cache import atomic_write as write_then_rename
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_then_rename(path, write)
+    with contextlib.suppress(OSError):
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``atomic_write``)."""
+    atomic_write(path, lambda fh: fh.write(text.encode()))
+
+
+def store_summary(path: Path | str, summary: Dict[str, Any]) -> None:
+    """Write one run's summary file atomically (parallel workers never leave a half-written file behind)."""
+    atomic_write_text(path, json.dumps(summary, indent=1, default=float))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# locks
+
+class RunLock:
+    """An exclusive ``flock`` on ``folder/.lock`` for as long as the ``with`` block runs (released by the OS when
+    the process dies, so a killed run never leaves a folder locked)."""
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+        self._fh = None
+
+    def __enter__(self) -> "RunLock":
+        import fcntl
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.folder / ".lock", "a+")
+        try:
+            fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "?"
+            self._fh.close()
+            self._fh = None
+            raise RunStoreError(f"run folder {self.folder} is in use by another run (pid {holder}); wait for it or "
+                                "use another --out") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(str(os.getpid()))
+        self._fh.flush()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh is not None:
+            self._fh.close()  # closing releases the flock
+            self._fh = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# code records
+
+def _strip_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def source_hash(source: str) -> str:
+    """A short hash of Python ``source``'s syntax tree without docstrings (comments and layout do not count)."""
+    tree = _strip_docstrings(ast.parse(source))
+    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()[:16]
+
+
+def _module_file(name: str) -> Optional[Path]:
+    with contextlib.suppress(ImportError, ValueError, AttributeError):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and spec.origin.endswith(".py"):
+            return Path(spec.origin)
+    return None
+
+
+def _is_package(name: str) -> bool:
+    path = _module_file(name)
+    return path is not None and path.name == "__init__.py"
+
+
+def _package_modules(name: str) -> List[str]:
+    """Every module of package ``name`` (its ``__init__`` excluded), recursively."""
+    folder = PACKAGE_DIR.joinpath(*name.split(".")[1:])
+    return sorted(f"{name}.{'.'.join(p.relative_to(folder).with_suffix('').parts)}"
+                  for p in folder.rglob("*.py") if p.name != "__init__.py")
+
+
+def _imports(name: str, path: Path) -> Set[str]:
+    """The ``ftta_core`` modules ``name`` imports (at any level). Package ``__init__`` modules are not followed:
+    they are registries that re-export every method (a run depends on the methods it uses, not on all of them)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: Set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: List[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            if t.startswith(PACKAGE + ".") and _module_file(t) is not None and not _is_package(t):
+                found.add(t)
+    return found
+
+
+@lru_cache(maxsize=None)
+def _module_hash(name: str, mtime_ns: int) -> str:
+    path = _module_file(name)
+    return source_hash(path.read_text())
+
+
+def module_hash(name: str) -> Optional[str]:
+    """The current ``source_hash`` of module ``name`` (None if it no longer exists)."""
+    path = _module_file(name)
+    if path is None:
+        return None
+    return _module_hash(name, path.stat().st_mtime_ns)
+
+
+def dependencies(roots: Iterable[str]) -> List[str]:
+    """``roots`` (modules, or packages meaning all their modules) and the ``ftta_core`` modules they import,
+    transitively (``_imports``), sorted. The import graph is read once per process and set of roots."""
+    return list(_dependencies(tuple(sorted(set(roots)))))
+
+
+@lru_cache(maxsize=None)
+def _dependencies(roots: tuple) -> tuple:
+    todo: List[str] = []
+    for r in roots:
+        todo += _package_modules(r) if _is_package(r) else [r]
+    seen: Set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        path = _module_file(name)
+        if path is None:
+            continue
+        seen.add(name)
+        todo += sorted(_imports(name, path) - seen)
+    return tuple(sorted(seen))
+
+
+def _function_hashes() -> Dict[str, str]:
+    """Hashes of ``experiment``'s run functions as the file now reads (``RUN_FUNCTIONS``)."""
+    path = PACKAGE_DIR / "experiment.py"
+    return dict(_function_hashes_at(path.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=4)
+def _function_hashes_at(mtime_ns: int) -> tuple:
+    tree = ast.parse((PACKAGE_DIR / "experiment.py").read_text())
+    found = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in RUN_FUNCTIONS}
+    return tuple((f"{PACKAGE}.experiment:{name}", source_hash(ast.unparse(found[name]))) for name in RUN_FUNCTIONS
+                 if name in found)
+
+
+def code_record(local: str, strategy: str) -> Dict[str, Any]:
+    """What made a run of local method ``local`` and strategy ``strategy``: ``modules`` (name -> ``source_hash``)
+    of every module the run depends on (``RUN_ROOTS``, the two methods' modules, their imports) and of
+    ``experiment``'s run functions, plus the git commit when the package is a git checkout."""
+    from .strategies import STRATEGIES
+    from .tta import LOCAL_METHODS
+
+    roots = [f"{PACKAGE}.{r}" for r in RUN_ROOTS]
+    for registry, key in ((LOCAL_METHODS, local), (STRATEGIES, strategy)):
+        obj = registry.get(key)
+        if obj is not None:
+            roots += [c.__module__ for c in getattr(obj, "__mro__", [obj]) if c.__module__.startswith(PACKAGE)]
+    record = code_record_of(roots)
+    record["modules"].update(_function_hashes())
+    return record
+
+
+def code_record_of(roots: Sequence[str]) -> Dict[str, Any]:
+    """The code record of a study whose results depend on the modules ``roots`` (full names; packages mean all
+    their modules) and what they import, e.g. FedICON's ``["ftta_core.fedicon", "ftta_core.models"]``."""
+    return {"modules": {name: module_hash(name) for name in dependencies(roots)}, "git": _git_commit()}
+
+
+@lru_cache(maxsize=1)
+def _git_commit() -> Optional[str]:
+    head = PACKAGE_DIR.parent / ".git" / "HEAD"
+    with contextlib.suppress(OSError):
+        ref = head.read_text().strip()
+        if ref.startswith("ref: "):
+            target = PACKAGE_DIR.parent / ".git" / ref[5:]
+            if target.exists():
+                return target.read_text().strip()
+            packed = PACKAGE_DIR.parent / ".git" / "packed-refs"
+            for line in packed.read_text().splitlines() if packed.exists() else []:
+                if line.endswith(" " + ref[5:]):
+                    return line.split()[0]
+            return None
+        return ref
+    return None
+
+
+def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
+    """The recorded modules whose code changed since (or that are gone); None when nothing was recorded."""
+    if not record or "modules" not in record:
+        return None
+    changed = []
+    functions = None
+    for name, digest in record["modules"].items():
+        if ":" in name:
+            functions = functions if functions is not None else _function_hashes()
+            now = functions.get(name)
+        else:
+            now = module_hash(name)
+        if now != digest:
+            changed.append(name)
+    return changed
+
+
+def run_status(summary: Dict[str, Any]) -> str:
+    """'current', 'stale' (code it depends on changed) or 'unrecorded' (stored before code records existed)."""
+    changed = stale_modules(summary.get("code"))
+    if changed is None:
+        return "unrecorded"
+    return "stale" if changed else "current"
+
+
+def rerun_stale() -> bool:
+    """Whether grids should run stale stored runs again (``$FTTA_RERUN_STALE`` set to 1/true/yes)."""
+    return os.environ.get(RERUN_STALE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+_WARNED: Set[str] = set()
+
+
+def read_summary(path: Path | str) -> Dict[str, Any]:
+    """A stored summary; a stale one is reported once per process with the modules that changed."""
+    path = Path(path)
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise RunStoreError(f"stored run {path} cannot be read ({err}); delete it to run it again") from None
+    changed = stale_modules(summary.get("code"))
+    if changed and str(path) not in _WARNED:
+        _WARNED.add(str(path))
+        shown = ", ".join(c.replace(PACKAGE + ".", "") for c in changed[:4]) + (" ..." if len(changed) > 4 else "")
+        log.warning("stored run %s was made by code that has changed since (%s); set %s=1 to run it again",
+                    path, shown, RERUN_STALE_ENV)
+    return summary
+
+
+def usable(path: Optional[Path]) -> Optional[Path]:
+    """``path`` if it holds a stored run a grid may reuse: it exists and is not stale while ``FTTA_RERUN_STALE``
+    asks for stale runs to be run again."""
+    if path is None or not path.exists():
+        return None
+    if rerun_stale() and run_status(read_summary(path)) == "stale":
+        return None
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# every stored run under a folder
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """One stored run found by ``scan``: where, which layout, its config (None for studies with their own
+    records), and its status (``run_status``, or 'unfinished' / 'unreadable')."""
+
+    path: Path
+    layout: str  # "summary-file", "run-folder" or "record" (a study's own JSON record, e.g. FedICON's)
+    config: Optional[Dict[str, Any]]
+    status: str
+
+
+def scan(root: Path | str) -> Iterator[StoredEntry]:
+    """Every stored run under ``root``: run folders (a ``summary.json``, or a ``checkpoint.pt`` when unfinished)
+    and JSON summary/record files; each with its status. Reads every layout committed under ``figures/``."""
+    root = Path(root)
+    folders = {p.parent for p in root.rglob("summary.json")} | {p.parent for p in root.rglob("checkpoint.pt")}
+    for folder in sorted(folders):
+        summary_path = folder / "summary.json"
+        if not summary_path.exists():
+            yield StoredEntry(folder, "run-folder", None, "unfinished")
+            continue
+        yield _entry(summary_path, "run-folder", folder)
+    for path in sorted(root.rglob("*.json")):
+        if path.name == "summary.json" or path.parent in folders or path.name.startswith("."):
+            continue
+        yield _entry(path, None, path)
+
+
+def _entry(path: Path, layout: Optional[str], where: Path) -> StoredEntry:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return StoredEntry(where, layout or "summary-file", None, "unreadable")
+    if not isinstance(data, dict):
+        return StoredEntry(where, layout or "record", None, "unreadable")
+    config = data.get("config") if isinstance(data.get("config"), dict) else None
+    kind = layout or ("summary-file" if config is not None and "accuracy" in data else "record")
+    return StoredEntry(where, kind, config, run_status(data))
+
+
+def scan_table(roots: Sequence[Path | str]):
+    """``scan`` of several folders as a DataFrame (path, layout, status, local, strategy, seed)."""
+    import pandas as pd
+
+    rows = [{"path": str(e.path), "layout": e.layout, "status": e.status,
+             "local": (e.config or {}).get("local"), "strategy": (e.config or {}).get("strategy"),
+             "seed": (e.config or {}).get("seed")} for root in roots for e in scan(root)]
+    return pd.DataFrame(rows, columns=["path", "layout", "status", "local", "strategy", "seed"])

@@ -1,0 +1,235 @@
+"""The run store: crashes at every write leave a resumable or complete run, locks, overwrite refusal, code records."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import ftta_core.experiment as experiment
+import ftta_core.runstore as runstore
+from ftta_core.experiment import ExperimentConfig, run_experiment
+from ftta_core.runstore import (RunLock, RunStoreError, code_record, read_summary, run_status, scan_table,
+                                source_hash, stale_modules, usable)
+from ftta_core.workbook import config_key, run_grid
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SMALL = dict(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "contrast"],
+             clients=4, batch_size=8, images_per_client=40, sh=0.5, th=0.2, device="cpu")  # 2 slots of 5 steps
+CFG = ExperimentConfig(**SMALL, local="tent", local_params={"params": "bn_affine", "lr": 1e-3}, strategy="fedavg",
+                       seed=3)
+
+
+class Crash(BaseException):
+    """A simulated kill: not an Exception, so nothing on the way catches it."""
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    os.environ.setdefault("FTTA_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    return run_experiment(CFG, out=tmp_path_factory.mktemp("ref") / "run")
+
+
+def assert_same_run(folder: Path, ref) -> None:
+    steps = pd.read_csv(folder / "steps.csv")
+    pd.testing.assert_frame_equal(steps, ref.steps.reset_index(drop=True), check_dtype=False)
+    assert np.array_equal(np.load(folder / "collaboration.npz")["W"], ref.collaboration.astype(np.float32))
+    summary = json.loads((folder / "summary.json").read_text())
+    for key in ("accuracy", "accuracy_local", "accuracy_source", "n_predictions", "accuracy_by_domain"):
+        assert summary[key] == ref.summary[key], key
+    assert not (folder / "checkpoint.pt").exists() and not (folder / "collaboration_parts").exists()
+
+
+def crashing(original, at: int, when: str, counter: dict):
+    """``original`` (an atomic writer ``(path, arg)``) that crashes at its ``at``-th call: before writing, inside
+    (temporary file written, not renamed), or after writing."""
+
+    def wrapper(path, arg):
+        counter["n"] += 1
+        if counter["n"] != at:
+            return original(path, arg)
+        if when == "before":
+            raise Crash
+        if when == "inside":  # killed while the temporary file is half written
+
+            def half(fh):
+                if callable(arg):
+                    arg(fh)
+                    fh.truncate(fh.tell() // 2)
+                else:
+                    fh.write(arg[:len(arg) // 2].encode())
+                raise Crash
+
+            runstore.atomic_write(path, half)
+        original(path, arg)
+        raise Crash
+
+    return wrapper
+
+
+WRITES_PER_RUN = 6  # per slot: W part + checkpoint (2 slots); then W and the summary
+
+
+@pytest.mark.parametrize("when", ["before", "inside", "after"])
+@pytest.mark.parametrize("at", range(1, WRITES_PER_RUN + 1))
+def test_a_crash_at_any_write_resumes_to_the_uninterrupted_run(tmp_path, monkeypatch, reference, at, when):
+    counter = {"n": 0}
+    monkeypatch.setattr(experiment, "atomic_write", crashing(runstore.atomic_write, at, when, counter))
+    monkeypatch.setattr(experiment, "atomic_write_text", crashing(runstore.atomic_write_text, at, when, counter))
+    folder = tmp_path / "run"
+    with pytest.raises(Crash):
+        run_experiment(CFG, out=folder)
+    assert counter["n"] == at
+    monkeypatch.undo()
+    run_experiment(CFG, out=folder)
+    assert_same_run(folder, reference)
+    assert counter["n"] == at  # the resume used the real writers
+    assert not list(folder.rglob("*.tmp"))  # no temporary file is left behind
+
+
+def test_a_row_torn_by_a_kill_is_dropped_on_resume(tmp_path, monkeypatch, reference):
+    """Killed while appending the second slot's rows: the checkpoint vouches for the first slot's bytes only."""
+    counter = {"n": 0}
+    monkeypatch.setattr(experiment, "atomic_write", crashing(runstore.atomic_write, 4, "before", counter))
+    folder = tmp_path / "run"
+    with pytest.raises(Crash):  # second slot: rows appended, W part written, checkpoint not
+        run_experiment(CFG, out=folder)
+    with open(folder / "steps.csv", "a") as fh:
+        fh.write("7,1,gaussian")  # a torn line whose 'step' would parse as an early step
+    monkeypatch.undo()
+    run_experiment(CFG, out=folder)
+    assert_same_run(folder, reference)
+
+
+def test_checkpoints_written_before_byte_counts_still_resume(tmp_path, monkeypatch, reference):
+    counter = {"n": 0}
+    monkeypatch.setattr(experiment, "atomic_write", crashing(runstore.atomic_write, 4, "before", counter))
+    folder = tmp_path / "run"
+    with pytest.raises(Crash):
+        run_experiment(CFG, out=folder)
+    monkeypatch.undo()
+    state = torch.load(folder / "checkpoint.pt", weights_only=False)
+    del state["csv_bytes"]
+    torch.save(state, folder / "checkpoint.pt")
+    run_experiment(CFG, out=folder)
+    assert_same_run(folder, reference)
+
+
+@pytest.mark.parametrize("kill_when", ["checkpoint.pt", "collaboration.npz"])
+def test_kill_9_of_a_real_process_then_resume(tmp_path, reference, kill_when):
+    """A real ``python -m ftta_core run`` killed with SIGKILL when ``kill_when`` first appears (after the first
+    slot's checkpoint; inside the final writes), then resumed."""
+    folder = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ftta_core", "run", "--dataset", "embedded_digits", "--scenario", "heterogeneity",
+           "--corruptions", "gaussian_noise,contrast", "--clients", "4", "--batch-size", "8",
+           "--images-per-client", "40", "--sh", "0.5", "--th", "0.2", "--device", "cpu", "--local", "tent",
+           "--local-param", "params=bn_affine", "--local-param", "lr=0.001", "--strategy", "fedavg", "--seed", "3",
+           "--out", str(folder)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 120
+    while proc.poll() is None and not (folder / kill_when).exists() and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env).returncode == 0
+    assert_same_run(folder, reference)
+
+
+def test_a_second_run_into_a_locked_folder_stops_at_once(tmp_path, reference):
+    folder = tmp_path / "run"
+    with RunLock(folder):
+        with pytest.raises(RunStoreError, match="in use by another run"):
+            run_experiment(CFG, out=folder)
+    assert not (folder / "steps.csv").exists()
+    run_experiment(CFG, out=folder)  # released
+    assert_same_run(folder, reference)
+
+
+def test_a_finished_run_is_read_back_and_never_rewritten(tmp_path, monkeypatch, reference):
+    folder = tmp_path / "run"
+    run_experiment(CFG, out=folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("a finished run was run again")
+
+    monkeypatch.setattr(experiment.Engine, "step", no_step)
+    res = run_experiment(CFG, out=folder)
+    assert res.summary["accuracy"] == reference.summary["accuracy"]
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before
+
+
+def test_another_config_is_refused_unless_overwrite(tmp_path, reference):
+    folder = tmp_path / "run"
+    run_experiment(CFG, out=folder)
+    other = ExperimentConfig(**{**CFG.to_dict(), "seed": 4})
+    with pytest.raises(RunStoreError, match="another config.*seed: 3 there, 4 here.*--overwrite"):
+        run_experiment(other, out=folder)
+    assert_same_run(folder, reference)
+    res = run_experiment(other, out=folder, overwrite=True)
+    assert json.loads((folder / "summary.json").read_text())["config"]["seed"] == 4
+    assert res.summary["config"]["seed"] == 4
+
+
+def test_empty_out_is_refused(capsys):
+    from ftta_core.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "--local", "bn", "--out", ""])
+    assert "empty --out" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="empty path"):
+        run_experiment(CFG, out=" ")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# code records
+
+def test_source_hash_ignores_docstrings_and_comments_but_not_code():
+    a = 'def f(x):\n    """Doc."""\n    return x + 1  # one\n'
+    b = 'def f(x):\n    """Other words."""\n\n    return x + 1\n'
+    c = 'def f(x):\n    """Doc."""\n    return x + 2\n'
+    assert source_hash(a) == source_hash(b) != source_hash(c)
+
+
+def test_code_record_names_the_methods_modules_and_the_run_loop():
+    record = code_record("tent", "fedtsa")["modules"]
+    assert {"ftta_core.tta.basic", "ftta_core.tta.base", "ftta_core.strategies.fedtsa",
+            "ftta_core.strategies.ts_block", "ftta_core.engine.loop", "ftta_core.experiment:run_experiment"} <= set(record)
+    assert "ftta_core.strategies.fedamp" not in record and "ftta_core.tta.cotta" not in record
+    assert stale_modules(code_record("bn", "fedavg")) == []
+
+
+def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, caplog, reference):
+    results = tmp_path / "results"
+    cfg = ExperimentConfig(**SMALL, local="bn", strategy="fedavg", seed=0, smoke=True)
+    first = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
+    path = results / f"{config_key(cfg)}.json"
+    summary = json.loads(path.read_text())
+    assert run_status(summary) == "current"
+    summary["code"]["modules"]["ftta_core.strategies.basic"] = "0" * 16  # as if FedAvg's code had changed since
+    summary["accuracy"] = -1.0
+    path.write_text(json.dumps(summary))
+    with caplog.at_level("WARNING"):
+        again = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
+    assert again.accuracy.iloc[0] == -1.0  # read back, but not silently:
+    assert "changed since (strategies.basic)" in caplog.text and "FTTA_RERUN_STALE" in caplog.text
+    monkeypatch.setenv("FTTA_RERUN_STALE", "1")
+    assert usable(path) is None
+    rerun = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
+    assert rerun.accuracy.iloc[0] == first.accuracy.iloc[0]
+    assert run_status(read_summary(path)) == "current"
+
+
+def test_every_committed_run_is_read_by_the_store():
+    table = scan_table([Path(__file__).resolve().parents[1] / "figures"])
+    assert len(table) > 900
+    assert set(table.status) <= {"current", "stale", "unrecorded"}  # nothing unreadable or unfinished
+    assert {"summary-file", "run-folder", "record"} <= set(table.layout)
