@@ -203,3 +203,35 @@ def test_fedavgm_parameter_only_momentum_by_hand():
     assert torch.allclose(mixed[2]["fc.weight"], torch.tensor([[7.0], [7.0]]))
     # statistics: the plain average (1 + 5, 2 + 5) / 2 with no momentum
     assert torch.allclose(mixed[2]["running.bn"], (stats.mean(0, keepdim=True) + 5.0).expand(2, 2, 1))
+
+
+def test_distance_scales_by_hand():
+    from ftta_core.strategies.base import scale_distances
+
+    d = torch.tensor([[0.0, 2.0, 4.0], [2.0, 0.0, 6.0], [4.0, 6.0, 0.0]], dtype=torch.float64)
+    valid = torch.ones(3, dtype=torch.bool)
+    assert torch.equal(scale_distances(d, valid, "none"), d)
+    assert torch.allclose(scale_distances(d, valid, "count", 4), d / 4)
+    med = scale_distances(d, valid, "row_median")  # medians of {2, 4}, {2, 6}, {4, 6}: 3, 4, 5
+    assert torch.allclose(med, d / torch.tensor([3.0, 4.0, 5.0], dtype=torch.float64)[:, None])
+    valid[2] = False  # a rejected client does not count in the others' medians
+    assert torch.allclose(scale_distances(d, valid, "row_median")[0], d[0] / 2)
+
+
+def test_row_median_makes_w_invariant_to_the_distance_scale():
+    from ftta_core.strategies.fedctta import similarity_weights
+
+    stats = torch.randn(5, 10, generator=torch.Generator().manual_seed(0))
+    valid = torch.ones(5, dtype=torch.bool)
+    a = similarity_weights(stats, valid, scale="row_median")
+    b = similarity_weights(stats * 100, valid, scale="row_median")
+    assert torch.allclose(a, b)
+    assert not torch.allclose(similarity_weights(stats, valid), similarity_weights(stats * 100, valid))
+    strat = build_strategy("pfedbbn", temperature=2.0, scale="count")
+    up = {"bbn_stats.l": torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(1))}
+    w = strat.collaboration(ServerInputs(0, {}, up, torch.ones(3, dtype=torch.bool), torch.ones(3)))
+    plain = build_strategy("pfedbbn", temperature=4.0).collaboration(
+        ServerInputs(0, {}, up, torch.ones(3, dtype=torch.bool), torch.ones(3)))
+    assert torch.allclose(w, plain)  # count = 2 terms: d / 2 / 2 = d / 4
+    with pytest.raises(ValueError, match="scale"):
+        build_strategy("fedctta", scale="count")

@@ -241,6 +241,28 @@ def masked_row_softmax(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return torch.where(mask, torch.softmax(safe, dim=1), torch.zeros_like(scores))
 
 
+DISTANCE_SCALES = ("none", "row_median", "count")
+
+
+def scale_distances(distance: torch.Tensor, valid: torch.Tensor, scale: str = "none", count: int = 1) -> torch.Tensor:
+    """Distances [N, N] brought to a scale a softmax temperature can be set for once: "none" (as they are),
+    "count" (divided by ``count``, e.g. the number of summed per-layer terms, so the scale does not grow with depth)
+    or "row_median" (row i divided by the median of its distances to the other valid clients, so each client's
+    nearest and farthest neighbours sit around 1 whatever the batch size or network: W then depends on the clients'
+    *relative* distances only; a row whose median is 0 is left as it is)."""
+    if scale == "none":
+        return distance
+    if scale == "count":
+        return distance / max(int(count), 1)
+    if scale != "row_median":
+        raise ValueError(f"distance scale must be one of {DISTANCE_SCALES}, got {scale!r}")
+    n = distance.shape[0]
+    others = valid[None, :].expand(n, n) & ~torch.eye(n, dtype=torch.bool)
+    med = torch.stack([distance[i][others[i]].quantile(0.5) if bool(others[i].any()) else distance.new_tensor(0.0)
+                       for i in range(n)])
+    return torch.where(med[:, None] > 0, distance / med.clamp_min(1e-300)[:, None], distance)
+
+
 class StateMemory:
     """Bounded server memory: each client's last local (pre-mix) and received (post-mix) state, one copy of each."""
 

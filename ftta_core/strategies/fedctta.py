@@ -27,7 +27,10 @@ The rule, at every aggregation step t (every ``interval``-th step: ``(t + 1) % i
    "cosine" ``cos(s_i, s_j)``; "cosine_exp" ``exp(cos(s_i, s_j))`` and "kl_exp" ``exp(-KL(p_i || p_j))`` are the
    reference code's forms (its W = softmax(exp(cos)), softmax(exp(-KL))). Note: cross entropy = H(p_i) + KL(p_i || p_j), and H(p_i) is constant along row i,
    so after the row softmax "cross_entropy" and "kl" give the same W (Table IV: 61.60 vs 61.62).
-5. ``W_i. = softmax_j(S_ij / temperature)`` over accepted clients j (paper Eq. 7: temperature 1). A rejected
+5. ``W_i. = softmax_j(S_ij / temperature)`` over accepted clients j (paper Eq. 7: temperature 1); ``scale=
+   "row_median"`` first divides each row of euclidean distances by its median (default "none": the paper; the rule
+   for choosing T and scale is pFedBBN's, ``strategies.pfedbbn``: largest same-domain weight share on a held-out
+   stream, stated before accuracy is looked at). A rejected
    client (non-finite upload) gets no weight and keeps its own model. Between aggregation steps W = I and the
    clients compute and upload no probe statistic.
 
@@ -41,8 +44,8 @@ import torch
 
 from ..engine.bank import ClientBank, ForwardOutput
 from ..rng import torch_generator
-from .base import (ServerInputs, Strategy, cosine_from_gram, distance_from_gram, gram_matrix, is_bn_stats,
-                   masked_row_softmax)
+from .base import (DISTANCE_SCALES, ServerInputs, Strategy, cosine_from_gram, distance_from_gram, gram_matrix,
+                   is_bn_stats, masked_row_softmax, scale_distances)
 from ..validation import check_choice
 
 if TYPE_CHECKING:
@@ -79,12 +82,18 @@ def similarity_matrix(stats: torch.Tensor, distance: str = "euclidean") -> torch
 
 
 def similarity_weights(stats: torch.Tensor, valid: torch.Tensor, distance: str = "euclidean",
-                       temperature: float = 1.0) -> torch.Tensor:
-    """W [N, N] (float64): row softmax of ``similarity / temperature`` over valid columns; rejected rows = identity."""
+                       temperature: float = 1.0, scale: str = "none") -> torch.Tensor:
+    """W [N, N] (float64): row softmax of ``similarity / temperature`` over valid columns; rejected rows = identity.
+    ``scale`` "row_median" divides a euclidean distance row by its median (``strategies.base.scale_distances``)."""
     n = stats.shape[0]
     valid = valid.detach().cpu().bool()
     clean = torch.where(valid[:, None], stats.detach().double().cpu(), torch.zeros((), dtype=torch.float64))
-    scores = similarity_matrix(clean, distance) / temperature
+    similarity = similarity_matrix(clean, distance)
+    if scale != "none":
+        if distance != "euclidean":
+            raise ValueError(f"scale {scale!r} rescales distances: it needs distance='euclidean'")
+        similarity = -scale_distances(-similarity, valid, scale)
+    scores = similarity / temperature
     w = masked_row_softmax(scores, valid[None, :].expand(n, n))
     return torch.where(valid[:, None], w, torch.eye(n, dtype=w.dtype))
 
@@ -104,7 +113,7 @@ class FedCTTA(Strategy):
 
     def __init__(self, n_probes: int = 64, probes: str = "shared", on: str = "logits", distance: str = "euclidean",
                  temperature: float = 1.0, ema: Optional[float] = None, interval: int = 1, probe_bn: str = "client",
-                 probe_images: Optional[torch.Tensor] = None, seed: int = 0) -> None:
+                 probe_images: Optional[torch.Tensor] = None, seed: int = 0, scale: str = "none") -> None:
         if int(n_probes) != n_probes or n_probes < 1:
             raise ValueError(f"n_probes must be a positive integer, got {n_probes}")
         check_choice("probes", probes, PROBE_SETS)
@@ -119,6 +128,9 @@ class FedCTTA(Strategy):
         if int(interval) != interval or interval < 1:
             raise ValueError(f"interval must be a positive integer, got {interval}")
         check_choice("probe_bn", probe_bn, PROBE_BN)
+        check_choice("scale", scale, DISTANCE_SCALES)
+        if scale == "count" or (scale != "none" and distance != "euclidean"):
+            raise ValueError(f"scale {scale!r} needs distance='euclidean' and is 'none' or 'row_median' for fedctta")
         if probe_images is not None:
             probe_images = torch.as_tensor(probe_images).detach().clone().float()
             if probe_images.dim() != 4 or probe_images.shape[0] < 1:
@@ -127,7 +139,7 @@ class FedCTTA(Strategy):
                 raise ValueError("probe_images is one fixed set for all clients: it needs probes='shared'")
         self.n_probes, self.probes, self.on, self.distance = int(n_probes), probes, on, distance
         self.temperature, self.ema, self.interval, self.probe_bn = float(temperature), ema, int(interval), probe_bn
-        self.probe_images, self.seed = probe_images, int(seed)
+        self.probe_images, self.seed, self.scale = probe_images, int(seed), scale
         self._ema: Optional[torch.Tensor] = None  # [N, K] float64
         self._seen: Optional[torch.Tensor] = None  # [N] bool: client has an EMA value
         self._mixed: Optional[Dict[str, torch.Tensor]] = None  # TTA-bn statistics of the last mix (probe_bn="eval")
@@ -216,7 +228,7 @@ class FedCTTA(Strategy):
             raise KeyError(f"fedctta needs the {PROBE_UPLOAD!r} upload at step {inputs.step}: clients compute it "
                            "in Strategy.probe_uploads (the engine calls it after the local step)")
         stats = self.smoothed(inputs.uploads[PROBE_UPLOAD], inputs.valid)
-        return similarity_weights(stats, inputs.valid, self.distance, self.temperature).float()
+        return similarity_weights(stats, inputs.valid, self.distance, self.temperature, self.scale).float()
 
     def state_dict(self) -> dict:
         """The EMA of the probe statistics [N, K] and which clients have one (empty without ``ema``), and the last

@@ -12,7 +12,11 @@ statistics of the client's last BN forward, ``bank.bn_stats()``):
 Rejected clients (NaN/Inf uploads) take no part in anyone's softmax and keep their own model; a local method
 without BN statistics (the frozen source) uploads nothing and gets the uniform W (it shares nothing to mix either).
 ``temperature`` T is not given in the paper; distances grow with the number and width of the layers, so T sets how
-personal the mixing is (T -> 0: Local, T -> inf: FedAvg).
+personal the mixing is (T -> 0: Local, T -> inf: FedAvg). ``scale`` brings d to a scale T can be set for once
+(``strategies.base.scale_distances``): "none" (Eq. 7 as it is, the default), "count" (divided by the 2|L| summed
+terms), "row_median" (each row divided by its median distance to the other clients). The rule for choosing T and
+``scale``, stated before any accuracy is looked at: the setting whose W puts the largest share of weight on clients
+of the same domain on a held-out stream (``workbook.same_domain_weight``), FedAvg's share being the baseline.
 """
 from __future__ import annotations
 
@@ -21,7 +25,9 @@ from typing import TYPE_CHECKING, Dict
 import torch
 
 from ..engine.bank import ClientBank
-from .base import ServerInputs, Strategy, distance_from_gram, gram_matrix, masked_row_softmax
+from ..validation import check_choice
+from .base import (DISTANCE_SCALES, ServerInputs, Strategy, distance_from_gram, gram_matrix, masked_row_softmax,
+                   scale_distances)
 
 if TYPE_CHECKING:
     from ..tta.base import LocalMethod
@@ -46,10 +52,11 @@ class PFedBBN(Strategy):
 
     name = "pfedbbn"
 
-    def __init__(self, temperature: float = 1.0) -> None:
+    def __init__(self, temperature: float = 1.0, scale: str = "none") -> None:
         if not temperature > 0:
             raise ValueError(f"temperature must be positive, got {temperature}")
-        self.temperature = temperature
+        check_choice("scale", scale, DISTANCE_SCALES)
+        self.temperature, self.scale = temperature, scale
 
     @torch.no_grad()
     def probe_uploads(self, bank: ClientBank, local: "LocalMethod", x: torch.Tensor,
@@ -66,7 +73,8 @@ class PFedBBN(Strategy):
         valid = inputs.valid.cpu().bool()
         n = valid.shape[0]
         if inputs.uploads:
-            distance = bn_statistics_distance(inputs.uploads, valid)
+            distance = scale_distances(bn_statistics_distance(inputs.uploads, valid), valid, self.scale,
+                                       2 * len(inputs.uploads))
         else:  # a local method without BN statistics (the frozen source): no information, all distances 0
             distance = torch.zeros(n, n, dtype=torch.float64)
         mask = (valid[:, None] & valid[None, :]) | torch.eye(n, dtype=torch.bool)  # rejected: keep own model
