@@ -1,2 +1,25 @@
-"""ftta_core: the library behind the ftta federated test-time adaptation workbook."""
+"""ftta_core: the library behind the ftta federated test-time adaptation workbook.
+
+Extending it (see the README, "Add your own method")::
+
+    from ftta_core import register_local, register_strategy   # decorators: @register_local("mytent")
+    from ftta_core import load_plugins                         # --plugin / $FTTA_PLUGINS / 'ftta.plugins' entry points
+    from ftta_core import check_backends_agree                 # the loop and vectorized backends agree on your method
+
+Importing the package stays light (no torch) until one of these is used.
+"""
+from typing import Any
+
+from .plugins import load_plugins
+from .registry import register_local, register_strategy
+
 __version__ = "0.1.0"
+__all__ = ["register_local", "register_strategy", "load_plugins", "check_backends_agree", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "check_backends_agree":  # imports torch and the engine: only when asked for
+        from .contract import check_backends_agree
+
+        return check_backends_agree
+    raise AttributeError(f"module 'ftta_core' has no attribute {name!r}")

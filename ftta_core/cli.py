@@ -596,7 +596,15 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_run, _add_runs, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
                 _add_run_plan, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)
+    from .plugins import add_plugin_argument
+
+    for name in PLUGIN_COMMANDS:
+        add_plugin_argument(sub.choices[name])
     return parser
+
+
+# the commands that build runs take --plugin MODULE_OR_FILE (repeatable): methods registered by it (ftta_core.plugins)
+PLUGIN_COMMANDS = ("run", "run-plan", "fedtsa-table", "notebooks", "case-study", "centralized-tta")
 
 
 DEBUG_ENV = "FTTA_DEBUG"
@@ -607,6 +615,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     line on stderr and exit status 2; with ``FTTA_DEBUG=1`` it is raised with its traceback."""
     args = build_parser().parse_args(argv)
     try:
+        if args.command in PLUGIN_COMMANDS:  # --plugin, $FTTA_PLUGINS, entry points; --plugin exported to children
+            from .plugins import use_plugins
+
+            use_plugins(args.plugin)
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError, KeyError, yaml.YAMLError) as exc:
         if os.environ.get(DEBUG_ENV, "") not in ("", "0"):

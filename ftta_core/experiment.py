@@ -146,10 +146,13 @@ class ExperimentConfig:
                                  f"{self.participation}")
         if self.label_alpha is not None and not self.label_alpha > 0:
             bad("label_alpha", f"must be positive or None (IID), got {self.label_alpha}")
+        from .plugins import PLUGIN_HINT, load_plugins
+
+        load_plugins()  # methods of plugins ($FTTA_PLUGINS, 'ftta.plugins' entry points): once per process, then cheap
         if self.local not in LOCAL_METHODS:
-            bad("local", f"unknown local method {self.local!r}; valid: {sorted(LOCAL_METHODS)}")
+            bad("local", f"unknown local method {self.local!r}; valid: {sorted(LOCAL_METHODS)} ({PLUGIN_HINT})")
         if self.strategy not in STRATEGIES:
-            bad("strategy", f"unknown strategy {self.strategy!r}; valid: {sorted(STRATEGIES)}")
+            bad("strategy", f"unknown strategy {self.strategy!r}; valid: {sorted(STRATEGIES)} ({PLUGIN_HINT})")
         if self.backend not in ("loop", "vectorized"):
             bad("backend", f"must be 'loop' or 'vectorized', got {self.backend!r}")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):

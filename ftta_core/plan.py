@@ -111,9 +111,14 @@ def run_job(job: PlannedJob) -> Dict[str, Any]:
 
 
 def _init_worker(threads: int) -> None:
+    """Start-up of a worker (a spawned process, or this one with ``workers=1``): torch threads, and the plugins the
+    command was given (``--plugin`` exports them as ``$FTTA_PLUGINS``) so that configs naming their methods run."""
     import torch
 
+    from .plugins import load_plugins
+
     torch.set_num_threads(threads)
+    load_plugins()
 
 
 def _run_before(job: PlannedJob, deadline: Optional[float]) -> Dict[str, Any]:

@@ -1,16 +1,26 @@
-"""Building a named component with keyword parameters, with errors that name the bad field."""
+"""Named components: building one with keyword parameters (errors name the bad field), and registering your own.
+
+``register_local("name")`` and ``register_strategy("name")`` (also ``from ftta_core import ...``) are decorators for a
+``LocalMethod`` / ``Strategy`` subclass or a factory function returning one. They write into the registries every
+lookup reads, ``ftta_core.tta.LOCAL_METHODS`` and ``ftta_core.strategies.STRATEGIES``, so a registered name works
+wherever a built-in one does (configs, the command line, grids, notebooks). Put the decorated code in a *plugin*
+(``ftta_core.plugins``) so that other processes -- the command line, ``run-plan`` workers, notebook kernels -- load it.
+"""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, Mapping, TypeVar
+from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, TypeVar
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def build_named(kind: str, registry: Mapping[str, Callable[..., T]], name: str, params: Dict[str, Any]) -> T:
-    """``registry[name](**params)``; unknown names or parameters raise ``ValueError`` naming ``kind``."""
+def build_named(kind: str, registry: Mapping[str, Callable[..., T]], name: str, params: Dict[str, Any],
+                hint: str = "") -> T:
+    """``registry[name](**params)``; unknown names or parameters raise ``ValueError`` naming ``kind`` (an unknown
+    name's error ends with ``hint``)."""
     if name not in registry:
-        raise ValueError(f"{kind}: unknown {name!r}; valid: {sorted(registry)}")
+        raise ValueError(f"{kind}: unknown {name!r}; valid: {sorted(registry)}" + (f" ({hint})" if hint else ""))
     factory = registry[name]
     sig = inspect.signature(factory)
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
@@ -27,3 +37,69 @@ def build_named(kind: str, registry: Mapping[str, Callable[..., T]], name: str, 
 def accepts(registry: Mapping[str, Callable[..., T]], name: str, parameter: str) -> bool:
     """Whether ``registry[name]`` takes a keyword ``parameter`` (e.g. ``seed``)."""
     return name in registry and parameter in inspect.signature(registry[name]).parameters
+
+
+def _origin(obj: Any) -> tuple:
+    """Where ``obj`` was defined: (module, qualified name). The same definition imported again (a re-run notebook
+    cell, a reloaded plugin) has the same origin."""
+    return getattr(obj, "__module__", None), getattr(obj, "__qualname__", repr(obj))
+
+
+def _describe(obj: Any) -> str:
+    module, qualname = _origin(obj)
+    return f"{module}.{qualname}" if module else str(qualname)
+
+
+def register(kind: str, registry: MutableMapping[str, Callable[..., Any]], name: str, obj: F,
+             base: Optional[type] = None, replace: bool = False) -> F:
+    """``registry[name] = obj`` after checks: ``name`` a non-empty word, ``obj`` a concrete subclass of ``base`` or a
+    factory function, and ``name`` not taken by another definition unless ``replace``. Returns ``obj``.
+
+    Registering the same definition again (same module and qualified name: a re-run notebook cell, a plugin imported
+    twice) replaces it silently. A class that does not set its own ``name`` attribute gets ``name``."""
+    if not isinstance(name, str) or not name or name != name.strip() or any(c.isspace() for c in name):
+        raise ValueError(f"{kind}: the name to register must be a non-empty string without spaces, got {name!r}")
+    if isinstance(obj, type):
+        if base is not None and not issubclass(obj, base):
+            raise TypeError(f"{kind} {name!r}: {_describe(obj)} is not a subclass of {base.__module__}."
+                            f"{base.__qualname__} (or a factory function returning one)")
+        if inspect.isabstract(obj):
+            missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
+            raise TypeError(f"{kind} {name!r}: {_describe(obj)} is abstract: it does not implement {missing}")
+    elif not callable(obj):
+        raise TypeError(f"{kind} {name!r}: expected a class or a factory function, got {obj!r}")
+    existing = registry.get(name)
+    if existing is not None and existing is not obj and not replace and _origin(existing) != _origin(obj):
+        raise ValueError(f"{kind} {name!r} is already registered by {_describe(existing)} (module "
+                         f"{getattr(existing, '__module__', '?')}); choose another name, or pass replace=True to "
+                         f"override it deliberately")
+    if isinstance(obj, type) and "name" not in vars(obj):
+        obj.name = name  # its own name, not one inherited (messages and per-method random streams use it)
+    registry[name] = obj
+    return obj
+
+
+def register_local(name: str, obj: Optional[F] = None, *, replace: bool = False):
+    """Register a local method under ``name``: ``@register_local("mytent")`` on a ``LocalMethod`` subclass or a
+    factory function (keyword parameters = the config's ``local_params``). ``register_local(name, obj)`` registers
+    directly. A name already taken by another definition raises ``ValueError`` unless ``replace=True``."""
+    def decorate(target: F) -> F:
+        from .tta import LOCAL_METHODS
+        from .tta.base import LocalMethod
+
+        return register("local method", LOCAL_METHODS, name, target, LocalMethod, replace)
+
+    return decorate if obj is None else decorate(obj)
+
+
+def register_strategy(name: str, obj: Optional[F] = None, *, replace: bool = False):
+    """Register a server strategy under ``name``: ``@register_strategy("mystrat")`` on a ``Strategy`` subclass or a
+    factory function (keyword parameters = the config's ``strategy_params``). ``register_strategy(name, obj)``
+    registers directly. A name already taken by another definition raises ``ValueError`` unless ``replace=True``."""
+    def decorate(target: F) -> F:
+        from .strategies import STRATEGIES
+        from .strategies.base import Strategy
+
+        return register("strategy", STRATEGIES, name, target, Strategy, replace)
+
+    return decorate if obj is None else decorate(obj)

@@ -22,7 +22,8 @@ from ..stream import Stream, StreamBatch
 from ..strategies.base import ServerInputs, Strategy, check_collaboration
 from ..tta.base import LocalMethod
 from .bank import ClientBank, make_bank
-from .mixing import finite_clients, restrict_to_valid
+from .mixing import restrict_to_valid
+from .uploads import UploadGate, UploadPolicy, describe_rejections, reference_values
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class Engine:
     participation: float = 1.0
     seed: int = 0
     server_threads: Optional[int] = None  # threads for rounds computed ahead (``prefetch``); 0: none; None: auto
+    upload_policy: Optional[UploadPolicy] = None  # thresholds of the server's upload checks (None: the defaults)
     bank: ClientBank = field(init=False)
 
     def __post_init__(self) -> None:
@@ -139,6 +141,10 @@ class Engine:
                      seen: Optional[List[tuple]] = None) -> StepResult:
         """Uploads, checks, W, mixing and the prediction after mixing, for ``strategy``.
 
+        Uploads are checked by ``upload_gate()`` (``engine.uploads``: shape, dtype, NaN/Inf, BN variances, magnitude;
+        ``upload_policy``); a name of the state or uploads may also come as N per-client tensors, stacked there.
+        A rejected client gets no weight and keeps its own model; it is logged and reported in ``rejected``.
+
         ``seen`` (shared passes only) collects (mixed state, logits) of the strategies already served at this step:
         a strategy whose mixed state equals one of them exactly reuses its logits instead of another forward pass
         (under TTA-bn FedProx, MOON, pFedSD and FedAvg+FT mix exactly like FedAvg).
@@ -149,11 +155,10 @@ class Engine:
             context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
             uploads = strategy.client_uploads(context)
             present = self.present(batch.step)
-            finite = finite_clients({**state, **uploads}, self.n_clients)
-        if not bool(finite[present].all()):
-            log.warning("step %d: rejected uploads of clients %s (NaN/Inf)", batch.step,
-                        torch.nonzero(~finite & present).flatten().tolist())
-        valid = finite & present
+            # structure, NaN/Inf, BN variances and magnitude (``engine.uploads``); stacks per-client uploads
+            state, uploads, valid, reasons = self.upload_gate().check(state, uploads, present, self.n_clients)
+        if reasons:
+            log.warning("step %d: rejected uploads of %s", batch.step, describe_rejections(reasons))
         sizes = torch.full((self.n_clients,), float(x.shape[1]))
         inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
         with record_function("ftta.server"):
@@ -191,12 +196,19 @@ class Engine:
             n=np.full(self.n_clients, y.shape[1]),
             domains=np.asarray(batch.domains),
             weights=weights.numpy(),
-            rejected=(~finite & present).numpy(),
+            rejected=(~valid & present).numpy(),
             absent=(~present).numpy(),
             upload_bytes=upload_bytes,
             correct_by_class=correct_by_class,
             n_by_class=n_by_class,
         )
+
+    def upload_gate(self) -> UploadGate:
+        """The server's upload checks (``upload_policy``, the shapes learned so far, the source model's values)."""
+        gate = self.__dict__.get("_upload_gate")
+        if gate is None:
+            gate = self._upload_gate = UploadGate(self.upload_policy, reference_values(self.source_model))
+        return gate
 
     def prefetch(self, stream: Stream, step: int, stop: int, strategies: Optional[Dict[str, Strategy]] = None) -> None:
         """Before ``step``: hand the strategies that compute rounds ahead (``Strategy.lookahead``, e.g. FedTSA, whose W

@@ -54,30 +54,21 @@ def finite_clients(tensors: Mapping[str, torch.Tensor], n_clients: int) -> torch
 
 def validate_uploads(uploads: Sequence[Mapping[str, torch.Tensor]], shapes: Mapping[str, Tuple[int, ...]]
                      ) -> Tuple[Dict[str, torch.Tensor], torch.Tensor, Dict[int, str]]:
-    """Check per-client uploads against ``shapes``; stack them (rejected clients get zeros).
+    """Per-client form of ``uploads.validate_uploads`` (the one set of checks): check a list of per-client uploads
+    against ``shapes`` and stack them (rejected clients get zeros).
 
-    Returns the stacked tensors [N, ...], the boolean [N] of accepted clients and a reason per rejected client.
-    A client is rejected when a key is missing, a shape differs, or a value is NaN/Inf.
+    Returns the stacked tensors [N, ...], the boolean [N] of accepted clients and a reason per rejected client
+    (missing key, shape, NaN/Inf, negative BN variance, magnitude: ``uploads.UploadPolicy``'s defaults).
     """
-    n = len(uploads)
-    valid = torch.ones(n, dtype=torch.bool)
-    reasons: Dict[int, str] = {}
-    stacked = {k: torch.zeros((n, *shape)) for k, shape in shapes.items()}
-    for i, up in enumerate(uploads):
-        for k, shape in shapes.items():
-            t = up.get(k)
-            if t is None:
-                reasons[i] = f"missing upload {k!r}"
-            elif tuple(t.shape) != tuple(shape):
-                reasons[i] = f"upload {k!r} has shape {tuple(t.shape)}, expected {tuple(shape)}"
-            elif not torch.isfinite(t).all():
-                reasons[i] = f"upload {k!r} holds NaN or Inf"
-            if i in reasons:
-                valid[i] = False
-                break
-        if valid[i]:
-            for k in shapes:
-                stacked[k][i] = up[k].detach().to(stacked[k].dtype)
+    from .uploads import UploadSchema, by_name, stack_uploads
+    from .uploads import validate_uploads as check
+
+    schema = UploadSchema({k: (tuple(shape), None) for k, shape in shapes.items()})
+    tensors = {k: v for k, v in by_name(uploads).items() if k in shapes}
+    tensors.update({k: [None] * len(uploads) for k in shapes if k not in tensors})
+    valid, reasons = check(tensors, {}, n_clients=len(uploads), schema=schema)
+    stacked = stack_uploads(tensors, valid, schema, rejected_rows="zeros")
+    stacked.update({k: torch.zeros((len(uploads), *shape)) for k, shape in shapes.items() if k not in stacked})
     return stacked, valid, reasons
 
 

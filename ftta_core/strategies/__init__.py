@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from ..registry import build_named
+from ..registry import build_named, register_strategy
 from .base import ServerInputs, Strategy, check_collaboration, row_softmax
 from .basic import FedAvg, FedAvgFT, Local
 from .fedamp import FedAMP
@@ -36,6 +36,11 @@ STRATEGIES: Dict[str, Callable[..., Strategy]] = {
 
 def build_strategy(name: str, **params: Any) -> Strategy:
     """Instantiate strategy ``name`` with its keyword parameters (errors name the bad field)."""
+    if name not in STRATEGIES:  # perhaps a method of a plugin not loaded yet ($FTTA_PLUGINS, entry points)
+        from ..plugins import PLUGIN_HINT, load_plugins
+
+        load_plugins()
+        return build_named("strategy", STRATEGIES, name, params, hint=PLUGIN_HINT)
     return build_named("strategy", STRATEGIES, name, params)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from ..registry import build_named
+from ..registry import build_named, register_local
 from .base import GradientMethod, LocalMethod, select_parameters
 from .basic import BatchNormAdapt, PseudoLabel, Source, Tent, entropy
 from .cotta import CoTTA
@@ -27,8 +27,13 @@ LOCAL_METHODS: Dict[str, Callable[..., LocalMethod]] = {
 
 def build_local(name: str, **params: Any) -> LocalMethod:
     """Instantiate local method ``name`` with its keyword parameters (errors name the bad field)."""
+    if name not in LOCAL_METHODS:  # perhaps a method of a plugin not loaded yet ($FTTA_PLUGINS, entry points)
+        from ..plugins import PLUGIN_HINT, load_plugins
+
+        load_plugins()
+        return build_named("local", LOCAL_METHODS, name, params, hint=PLUGIN_HINT)
     return build_named("local", LOCAL_METHODS, name, params)
 
 
-__all__ = ["LOCAL_METHODS", "build_local", "LocalMethod", "GradientMethod", "select_parameters", "entropy",
+__all__ = ["LOCAL_METHODS", "build_local", "register_local", "LocalMethod", "GradientMethod", "select_parameters", "entropy",
            "Source", "BatchNormAdapt", "Tent", "PseudoLabel", "EATA", "CoTTA", "ROID", "RoTTA", "BBN"]
