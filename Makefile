@@ -1,22 +1,42 @@
 # ftta: two commands for a new user (each creates .venv and installs what it needs on first use)
 #   make quickstart   run the main job: a small federated TTA experiment on the embedded digits
 #   make test         run the whole test suite (unit tests + notebooks in smoke mode, validated with nbval)
+# and `make lab`: JupyterLab on the project's kernel, opening notebooks/ (README "Open the notebooks")
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftta-installed
+# the extras of pyproject.toml installed into .venv (environment.yml installs the same; tests/test_lab.py checks)
+EXTRAS := notebooks,test,lab
+# installed with --no-deps after the extras ([tool.ftta] no-deps in pyproject.toml says why): imagecorruptions ships
+# the frost textures and is never imported; its requirements (opencv-python, scikit-image) are ~90 MB nothing here
+# imports, and opencv-python 4.12 caps numpy<2.3, which would downgrade the venv's numpy
+NO_DEPS := imagecorruptions==1.1.2
+# `make lab`: JupyterLab serving notebooks/ (notebooks run with it as their folder, as under papermill) with the
+# quickstart open, on the `python3` kernel the install step puts in .venv (the kernel name the notebooks use);
+# JUPYTER_PREFER_ENV_PATH=1: a user-level kernel named python3 cannot shadow it. More flags:
+#   make lab LAB_ARGS="--no-browser --port 8899"
+LAB_FLAGS := --ServerApp.root_dir=notebooks --MappingKernelManager.default_kernel_name=python3 \
+	--LabApp.default_url=/lab/tree/00_quickstart.ipynb
+LAB_ARGS ?=
+# Jupyter refuses to run as root unless told (containers often run as root)
+LAB_ROOT = $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
-.PHONY: install quickstart test notebooks figures paper-runs clean
+.PHONY: install quickstart test lab notebooks figures paper-runs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[notebooks,test]"
-	$(PY) -m pip install --quiet --no-deps imagecorruptions==1.1.2
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet --no-deps $(NO_DEPS)
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# JupyterLab from .venv (installed with the `lab` extra by the install step above), serving notebooks/
+lab: $(STAMP)
+	JUPYTER_PREFER_ENV_PATH=1 $(PY) -m jupyterlab $(LAB_FLAGS) $(LAB_ROOT) $(LAB_ARGS)
 
 # executed notebook and its figure under runs/quickstart/ (runs/quickstart/figures/quickstart_collaboration.png)
 quickstart: $(STAMP)
