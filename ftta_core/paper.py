@@ -320,12 +320,14 @@ def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
         if pd.isna(gap) and pd.isna(gain):
             parts.append(f"{name}: no stored run")
             continue
-        below = "below" if gap < -tie else "above" if gap > tie else "within"
-        fedavg = ("no FedAvg run" if pd.isna(gain) else
-                  f"FedAvg {'above' if gain > tie else 'below' if gain < -tie else 'within'} {tie:g} points of "
-                  f"Local ({gain:+.2f})")
+        def versus(d: float, a: str, b: str) -> str:
+            side = "below" if d < -tie else "above" if d > tie else None
+            return f"{a} {side} {b} by more than {tie:g} points ({d:+.2f})" if side else \
+                f"{a} within {tie:g} points of {b} ({d:+.2f})"
+
+        fedavg = "no FedAvg run" if pd.isna(gain) else versus(gain, "FedAvg", "Local")
         holds = (not pd.isna(gain)) and gap < -tie and gain > tie
-        parts.append(f"{name}: Local(grad) {below} {tie:g} points of Local(bn) ({gap:+.2f}), {fedavg}: the "
+        parts.append(f"{name}, {d['seeds']} seed(s): {versus(gap, 'Local(grad)', 'Local(bn)')}, {fedavg}: the "
                      f"paper's pattern {'holds' if holds else 'does not hold'}")
     return "; ".join(parts) + "."
 

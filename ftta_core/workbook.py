@@ -374,20 +374,151 @@ def per_domain_table(summaries: Mapping[tuple, Dict[str, Any]], kind: str = "mix
     """Accuracy (%) per domain (columns, plus ``mean`` over all predictions) and variant (rows), averaged over
     seeds, from the ``accuracy_by_domain`` of stored summaries (``kind``: mixed, local or source). With
     ``source_row`` a first row holds the source model's accuracies. Summaries without per-domain numbers are
-    skipped; the ``seeds`` column says how many runs each row averages."""
-    rows: Dict[str, List[Dict[str, float]]] = {}
-    for (name, _seed), summary in summaries.items():
+    skipped; the ``seeds`` column (integer) says how many distinct seeds each row averages.
+
+    Every seed weighs the same: a row's numbers are the mean over its seeds of the mean over that seed's entries
+    (the source row gets one entry per stored run, and runs of one seed made on different devices can carry source
+    numbers that differ in the last digits)."""
+    rows: Dict[str, Dict[Any, List[Dict[str, float]]]] = {}
+    for (name, seed), summary in summaries.items():
         by_domain = summary.get("accuracy_by_domain")
         if not by_domain:
             continue
         if source_row is not None:
-            rows.setdefault(source_row, []).append({**by_domain["source"], "mean": summary["accuracy_source"]})
+            rows.setdefault(source_row, {}).setdefault(seed, []).append(
+                {**by_domain["source"], "mean": summary["accuracy_source"]})
         key = "accuracy" if kind == "mixed" else f"accuracy_{kind}"
-        rows.setdefault(name, []).append({**by_domain[kind], "mean": summary[key]})
+        rows.setdefault(name, {}).setdefault(seed, []).append({**by_domain[kind], "mean": summary[key]})
     table = {}
-    for name, entries in rows.items():
-        if name == source_row:  # every run carries the same source numbers for its seed: one per seed
-            entries = list({json.dumps(e, sort_keys=True): e for e in entries}.values())
-        table[name] = {**pd.DataFrame(entries).mean().to_dict(), "seeds": len(entries)}
+    for name, by_seed in rows.items():
+        per_seed = pd.DataFrame([pd.DataFrame(entries).mean() for entries in by_seed.values()])
+        table[name] = {**per_seed.mean().to_dict(), "seeds": len(by_seed)}
     out = pd.DataFrame(table).T
-    return out[[c for c in out.columns if c not in ("mean", "seeds")] + ["mean", "seeds"]] if len(out) else out
+    if not len(out):
+        return out
+    out["seeds"] = out["seeds"].astype("Int64")  # nullable: stays integer when aligned with rows it lacks
+    return out[[c for c in out.columns if c not in ("mean", "seeds")] + ["mean", "seeds"]]
+
+
+def per_seed_values(summaries: Mapping[tuple, Dict[str, Any]], key: str = "accuracy") -> pd.DataFrame:
+    """``summary[key]`` of stored summaries {(variant, seed): summary} as a table (rows: seeds, columns: variants;
+    NaN where a variant has no run at a seed), for comparisons paired by seed (``paired_difference``)."""
+    cells = {(name, seed): s[key] for (name, seed), s in summaries.items() if s.get(key) is not None}
+    if not cells:
+        return pd.DataFrame()
+    return pd.Series(cells).unstack(0).sort_index()
+
+
+def paired_difference(a: pd.Series, b: pd.Series) -> Dict[str, Any]:
+    """a − b paired by seed (both indexed by seed) over the seeds both have, with a verdict.
+
+    Returns {'seeds': number of common seeds, 'mean': mean difference, 'spread': the noise it is compared with,
+    'verdict': 'ahead' | 'behind' | 'within seed noise' | 'equal' | 'one seed' | 'no common seed', 'why': a short
+    reason}. With two or more common seeds the spread is the standard deviation of the paired differences: 'ahead'
+    / 'behind' need the same sign at every seed and a mean larger than that spread, else 'within seed noise'.
+    With one common seed the spread is the larger seed standard deviation of a or b over their own seeds (when one
+    has two or more): a difference no larger is 'within seed noise'; with no spread at all the verdict is
+    'one seed' (nothing to test against)."""
+    a, b = a.dropna(), b.dropna()
+    common = a.index.intersection(b.index)
+    if not len(common):
+        return {"seeds": 0, "mean": float("nan"), "spread": float("nan"), "verdict": "no common seed",
+                "why": "no seed has both"}
+    d = (a[common] - b[common]).astype(float)
+    mean = float(d.mean())
+    side = "ahead" if mean > 0 else "behind"
+    if (d == 0).all():
+        return {"seeds": len(d), "mean": 0.0, "spread": 0.0, "verdict": "equal", "why": "equal at every seed"}
+    if len(d) >= 2:
+        spread = float(d.std(ddof=1))
+        if not ((d > 0).all() or (d < 0).all()):
+            return {"seeds": len(d), "mean": mean, "spread": spread, "verdict": "within seed noise",
+                    "why": "the paired differences change sign"}
+        if abs(mean) <= spread:
+            return {"seeds": len(d), "mean": mean, "spread": spread, "verdict": "within seed noise",
+                    "why": f"same sign at every seed but no larger than their spread ({spread:.2f})"}
+        return {"seeds": len(d), "mean": mean, "spread": spread, "verdict": side,
+                "why": f"{side} at every seed, by more than the spread ({spread:.2f})"}
+    own = [float(s.std(ddof=1)) for s in (a, b) if len(s) >= 2]
+    if not own:
+        return {"seeds": 1, "mean": mean, "spread": float("nan"), "verdict": "one seed",
+                "why": "one seed: no spread to test against"}
+    spread = max(own)
+    if abs(mean) <= spread:
+        return {"seeds": 1, "mean": mean, "spread": spread, "verdict": "within seed noise",
+                "why": f"one paired seed, no larger than the seed spread ({spread:.2f})"}
+    return {"seeds": 1, "mean": mean, "spread": spread, "verdict": side,
+            "why": f"one paired seed, larger than the seed spread ({spread:.2f})"}
+
+
+def difference_phrase(a: pd.Series, b: pd.Series, name_a: str, name_b: str) -> str:
+    """'A − B = +0.12 over 3 paired seeds (within seed noise: the paired differences change sign)', from
+    ``paired_difference``."""
+    g = paired_difference(a, b)
+    if not g["seeds"]:
+        return f"{name_a} − {name_b}: no seed has both"
+    seeds = f"{g['seeds']} paired seed{'s' if g['seeds'] > 1 else ''}"
+    verdict = g["verdict"] if g["verdict"] not in ("one seed", "equal") else ""
+    return (f"{name_a} − {name_b} = {g['mean']:+.2f} over {seeds} "
+            f"({verdict + ': ' if verdict else ''}{g['why']})")
+
+
+def ordering_phrase(means: Mapping[str, float], labels: Optional[Mapping[str, str]] = None, digits: int = 2) -> str:
+    """'A 72.76 > B 72.57 > C 71.71' (highest first; NaN left out)."""
+    s = pd.Series(dict(means), dtype=float).dropna().sort_values(ascending=False)
+    return " > ".join(f"{(labels or {}).get(k, k)} {v:.{digits}f}" for k, v in s.items())
+
+
+def case_study_reading(table: pd.DataFrame, shares: pd.DataFrame, same: pd.DataFrame, domains: pd.DataFrame,
+                       paper_mean: Mapping[str, float], slot: int, n_clients: int, seeds: Sequence[int],
+                       labels: Optional[Mapping[str, str]] = None) -> str:
+    """The case study's reading, computed from its tables (FedTSA Table 4 and Fig 5 shapes): the ordering of the
+    strategies' mean accuracy beside the paper's (methods both have), then, in the highlighted ``slot``, how much
+    of the weight each client gives to other clients goes to clients on its own corruption (against uniform
+    mixing), and what groups 1 and 3 take from each other and from group 2.
+
+    ``table``: ``case_study_table``; ``shares``: ``group_weight_shares`` per strategy label (first index level);
+    ``same``: ``same_domain_weight`` per strategy label (index (label, client)); ``domains``:
+    ``case_study_domains``; ``paper_mean``: the paper's mean per method label over the same slots."""
+    name = (lambda s: (labels or {}).get(s, s))
+    groups = list(CASE_STUDY_GROUPS)
+    ours = table.xs(CASE_STUDY_ALL, level="group")["mean"].rename(index=name)
+    parts = [f"**Accuracy** (all clients, mean over the slots run; seed{'s' if len(seeds) > 1 else ''} "
+             f"{', '.join(map(str, seeds))}): {ordering_phrase(ours)}."]
+    both = [m for m in ours.index if m in paper_mean and not pd.isna(paper_mean[m])]
+    if len(both) >= 2:
+        ours_order = sorted(both, key=lambda m: -ours[m])
+        paper_order = sorted(both, key=lambda m: -paper_mean[m])
+        parts.append(f"On the methods the paper's Table 4 also has, our order is {' > '.join(ours_order)} and the "
+                     f"paper's {' > '.join(paper_order)} ({'the same' if ours_order == paper_order else 'different'}).")
+    if len(seeds) < 2:
+        parts.append("One seed: none of these differences is tested against seed noise.")
+    if len(same):
+        rows = []
+        for label, g in same.groupby(level=0, sort=False):
+            others = (1 - g["self"]).clip(lower=1e-12)
+            share = float((g["same domain"] / others).mean())
+            uniform = float((g["uniform same-domain"] * n_clients / (n_clients - 1)).mean())
+            rows.append((label, float(g["self"].mean()), share, uniform))
+        rows.sort(key=lambda r: -(r[2] - r[3]))
+        parts.append(f"**Slot {slot}, by corruption.** Of the weight a client gives to other clients, the share on "
+                     "clients with its own corruption (mean over clients; uniform mixing in brackets), highest excess "
+                     "first: " + "; ".join(f"{lab} {s:.2f} ({u:.2f}), keeping {k:.2f} on itself"
+                                           for lab, k, s, u in rows) + ".")
+    if len(shares) and slot in domains.columns and len(groups) == 3:
+        g1, g2, g3 = groups
+        same13 = domains.loc[g1, slot] == domains.loc[g3, slot]
+        size = {g: len(CASE_STUDY_GROUPS[g]) / n_clients for g in groups}
+        said = []
+        for label in dict.fromkeys(shares.index.get_level_values(0)):
+            s = shares.loc[label]
+            said.append(f"{label}: {g1} → {g3} {s.loc[g1, g3]:.2f}, {g3} → {g1} {s.loc[g3, g1]:.2f}, "
+                        f"{g1} → {g2} {s.loc[g1, g2]:.2f}, {g3} → {g2} {s.loc[g3, g2]:.2f}")
+        parts.append(f"**Slot {slot}, by group.** The groups {g1} and {g3} see "
+                     f"{'the same corruption (' + str(domains.loc[g1, slot]) + ')' if same13 else 'different corruptions'}"
+                     f" here; {g2} sees {domains.loc[g2, slot]}"
+                     + (f", after seeing {domains.loc[g1, slot]} in slot {slot - 1}" if slot - 1 in domains.columns
+                        and domains.loc[g2, slot - 1] == domains.loc[g1, slot] else "")
+                     + f". Share of one group's weight on another group's clients (A → B; uniform mixing gives "
+                     f"{g1} {size[g1]:.2f}, {g2} {size[g2]:.2f}, {g3} {size[g3]:.2f}): " + "; ".join(said) + ".")
+    return "\n\n".join(parts)

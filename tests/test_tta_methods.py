@@ -17,10 +17,11 @@ from ftta_core.engine.loop import Engine
 from ftta_core.rng import torch_generator
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local, select_parameters
+from ftta_core.tta.augment import AugmentSpec, augment, jitter_orders
 from ftta_core.tta.client_params import ema, gradient_step, param_grads, restore_masks, stochastic_restore
 from ftta_core.tta.cotta import anchor_confidence, soft_cross_entropy
 from ftta_core.tta.eata import eata_selection, ewc_penalty, fisher_information, sample_weights, update_moving_probs
-from ftta_core.tta.roid import (min_max, prior_correction, roid_weights, soft_likelihood_ratio,
+from ftta_core.tta.roid import (KeptStatistics, min_max, prior_correction, roid_weights, soft_likelihood_ratio,
                                 symmetric_cross_entropy)
 
 from conftest import shifted_batches
@@ -394,3 +395,274 @@ def test_ordering_reading_names_the_methods_that_move():
     same = beside.assign(ours_error=[40.0, 30.0, 29.0, 20.0])
     assert ordering_reading(same).endswith("Same ordering as the benchmark.")
     assert ordering_reading(beside.iloc[:1]).startswith("Fewer than two")
+
+
+# ---------------------------------------------------------------- options that follow the papers (defaults pinned)
+# Logits of the local prediction after 3 adapt steps on shifted_batches(), float64, vectorized backend, client c's
+# first sample, class 0 ([c=0..3]) and the sum over everything. Computed with the code before the options
+# skip_empty / augment_kept_only / jitter_order existed: the defaults must reproduce them (the stored runs under
+# figures/ used these methods). EATA with e_margin 0.1 has a client with no selected sample at step 2, so the
+# default "Adam still moves it" path is pinned too; CoTTA with ap 0.95 averages augmentations (colour jitter).
+# Tolerance 1e-9: float64 summation order on another CPU (the backends themselves differ by ~1e-14 here); any change
+# of behaviour moves these by more than 1e-4.
+PINNED_CONFIGS = {"eata": {**FISHER, "e_margin": 0.1}, "cotta": {"n_augmentations": 3, "ap": 0.95}, "roid": {}}
+PINNED_LOGITS = {
+    "eata": ([-0.3713565149934825, -0.6582418052508899, -3.8450472082258687, 0.59306249999203], -13.513567227328638),
+    "cotta": ([-0.37269227571568075, 0.03295408240067051, -3.844560264609599, -2.2362481889059302],
+              -13.651518983116958),
+    "roid": ([-0.031247048786527152, -0.05567785666739797, -0.47869951194201776, 0.07183166436112069],
+             -1.2609179577457936),
+}
+
+
+def pinned_run(model, name, backend="vectorized", **overrides):
+    """The local prediction's logits [4, 8, K] after 3 adapt steps (float64) and the engine."""
+    eng = engine(copy.deepcopy(model).double(), name, backend, strategy="local",
+                 **{**PINNED_CONFIGS[name], **overrides})
+    for b in shifted_batches(steps=3):
+        out = eng.local.adapt(eng.bank, b.images.double())
+    return out.logits, eng
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_LOGITS))
+def test_defaults_reproduce_the_pinned_logits(digits_model, name, one_thread):
+    logits, _ = pinned_run(digits_model, name)
+    first, total = PINNED_LOGITS[name]
+    assert torch.allclose(logits[:, 0, 0], torch.tensor(first, dtype=torch.float64), rtol=0, atol=1e-9)
+    assert abs(float(logits.sum()) - total) < 1e-9
+
+
+def test_pinned_eata_run_has_an_empty_client_that_skip_empty_leaves_alone(digits_model, one_thread):
+    """The pinned EATA run exercises the default's empty step (client 1 at step 2); skip_empty changes exactly it."""
+    default, eng = pinned_run(digits_model, "eata")
+    skipped, _ = pinned_run(digits_model, "eata", skip_empty=True)
+    assert eng.local.last_selected.tolist() == [3, 1, 5, 2]
+    assert not torch.allclose(default, skipped, rtol=0, atol=1e-6)
+
+
+def client_state(bank, method, i):
+    """Client i's trainable parameters, optimiser state tensors (Adam moments, momentum buffers) and step count."""
+    params = {k: v[i].clone() for k, v in bank.get_params().items()}
+    if hasattr(bank, "optimizers"):  # loop bank: client i's own optimiser
+        opt, row = bank.optimizers[i], (lambda t: t.clone())
+    else:  # vectorized bank: row i of the stacked state; the step count per client is the method's client_steps
+        opt, row = bank.optimizer, (lambda t: t[i].clone())
+    state = {(n, k): row(v) for n, p in enumerate(opt.param_groups[0]["params"])
+             for k, v in opt.state.get(p, {}).items() if k != "step"}
+    steps = {n: float(opt.state[p]["step"]) for n, p in enumerate(opt.param_groups[0]["params"])
+             if "step" in opt.state.get(p, {})} if hasattr(bank, "optimizers") else {}
+    own = None if method.client_steps is None else int(method.client_steps[i])
+    return params, state, steps, own
+
+
+def same_state(a, b):
+    (pa, sa, ta, na), (pb, sb, tb, nb) = a, b
+    return (all(torch.equal(pa[k], pb[k]) for k in pa) and set(sa) == set(sb)
+            and all(torch.equal(sa[k], sb[k]) for k in sa) and ta == tb and na == nb)
+
+
+@pytest.mark.parametrize("backend", ["loop", "vectorized"])
+@pytest.mark.parametrize("optim", [{}, {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9}], ids=["adam", "sgd_momentum"])
+def test_eata_skip_empty_leaves_a_client_without_selection_exactly_unchanged(digits_model, backend, optim, one_thread):
+    """e_margin 0.1: at step 2 client 1 selects nothing. With skip_empty its parameters and optimiser state (moments,
+    momentum buffer, step count) are bit-identical after the step while the other clients move; without it (the
+    default) Adam / momentum still move it."""
+    batches = shifted_batches(steps=2)
+    moved = {}
+    for skip in (True, False):
+        eng = engine(digits_model, "eata", backend, strategy="local", e_margin=0.1, skip_empty=skip, **optim)
+        eng.local.adapt(eng.bank, batches[0].images)
+        before = [client_state(eng.bank, eng.local, i) for i in range(4)]
+        eng.local.adapt(eng.bank, batches[1].images)
+        after = [client_state(eng.bank, eng.local, i) for i in range(4)]
+        assert eng.local.last_selected.tolist() == [2, 0, 4, 4]
+        assert all(not same_state(before[i], after[i]) for i in (0, 2, 3))
+        moved[skip] = not same_state(before[1], after[1])
+        if skip and optim == {}:
+            assert eng.local.client_steps.tolist() == [2, 1, 2, 2]
+            assert before[1][3] == after[1][3] == 1 and after[0][3] == 2
+            if backend == "loop":  # the clients' own Adam step counts
+                assert set(after[1][2].values()) == {1.0} and set(after[0][2].values()) == {2.0}
+    assert moved == {True: False, False: True}
+
+
+def test_eata_skip_empty_backends_agree_with_per_client_step_counts(one_thread, digits_model):
+    """After a skipped step Adam's step counts differ between clients (the vectorized bank keeps one scalar per
+    stacked tensor and steps again per count): 4 steps agree with the loop bank's per-client optimisers (float64),
+    and a resumed run (state_dict with client_steps) continues exactly."""
+    model = copy.deepcopy(digits_model).double()
+    batches = [b.images.double() for b in shifted_batches(steps=4)]
+    params, steps = {}, {}
+    for backend in ("loop", "vectorized"):
+        eng = engine(model, "eata", backend, strategy="local", e_margin=0.1, skip_empty=True)
+        for x in batches:
+            eng.local.adapt(eng.bank, x)
+        params[backend], steps[backend] = eng.bank.get_params(), eng.local.client_steps.tolist()
+        if backend == "loop":
+            assert steps[backend] == [[float(o.state[p]["step"]) for p in o.param_groups[0]["params"]][0]
+                                      for o in eng.bank.optimizers]
+    assert steps["loop"] == steps["vectorized"] == [4, 3, 4, 4]
+    assert all(torch.allclose(params["loop"][k], params["vectorized"][k], rtol=0, atol=1e-9) for k in params["loop"])
+    full = engine(model, "eata", "vectorized", strategy="local", e_margin=0.1, skip_empty=True)
+    for x in batches[:3]:
+        full.local.adapt(full.bank, x)
+    buf = io.BytesIO()
+    torch.save(full.state_dict(), buf)
+    buf.seek(0)
+    resumed = engine(model, "eata", "vectorized", strategy="local", e_margin=0.1, skip_empty=True)
+    resumed.load_state_dict(torch.load(buf, weights_only=False))
+    assert resumed.local.client_steps.tolist() == [3, 2, 3, 3]
+    full.local.adapt(full.bank, batches[3])
+    resumed.local.adapt(resumed.bank, batches[3])
+    pa, pb = full.bank.get_params(), resumed.bank.get_params()
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+    assert "client_steps" not in engine(model, "eata").local.state_dict()  # default checkpoints keep their keys
+
+
+@pytest.mark.parametrize("backend", ["loop", "vectorized"])
+def test_roid_kept_only_bn_statistics_are_those_of_the_kept_samples(digits_model, backend, one_thread):
+    """augment_kept_only: every BN layer of the augmented pass uses the statistics of the kept samples alone (those
+    of a forward of the kept samples only), and the kept samples' logits are that forward's; the default uses the
+    whole batch's statistics."""
+    x = shifted_batches(steps=1)[0].images
+    eng = engine(digits_model, "roid", backend, strategy="local", augment_kept_only=True)
+    roid = eng.local
+    roid.prepare(eng.bank, x)
+    keep = roid.kept(eng.bank.forward(x, "batch").logits)
+    assert bool(keep.any(1).all()) and not bool(keep.all(1).any())  # every client drops some samples
+    x_aug = augment(x, torch_generator(0, "test"), "roid")
+    whole_logits = roid.augmented_logits(eng.bank, x_aug, None)
+    whole = eng.bank.bn_stats()
+    kept_logits = roid.augmented_logits(eng.bank, x_aug, keep)
+    kept = eng.bank.bn_stats()
+    single = make_bank("loop", digits_model, 1)  # the clients still hold the source parameters
+    for i in range(4):
+        alone = single.forward(x_aug[i:i + 1, keep[i]], "batch")
+        stats = single.bn_stats()
+        for layer in kept:
+            assert torch.allclose(kept[layer][i], stats[layer][0], rtol=0, atol=1e-5), layer
+            assert not torch.allclose(whole[layer][i], stats[layer][0], rtol=0, atol=1e-3), layer
+        assert torch.allclose(kept_logits[i, keep[i]], alone.logits[0], rtol=0, atol=1e-5)
+        assert not torch.allclose(whole_logits[i, keep[i]], alone.logits[0], rtol=0, atol=1e-3)
+    everything = single.forward(x_aug[:1], "batch")
+    assert all(torch.allclose(whole[k][0], single.bn_stats()[k][0], rtol=0, atol=1e-5) for k in whole)
+    assert torch.allclose(whole_logits[0], everything.logits[0], rtol=0, atol=1e-5)
+
+
+def test_roid_kept_only_gradient_is_that_of_the_kept_only_forward(digits_model, one_thread):
+    """The dropped samples of the masked forward get weight 0 and no gradient through the statistics: the
+    consistency term's gradient equals the reference's (augmented forward of the kept samples only), per client."""
+    model = copy.deepcopy(digits_model).double()
+    x = shifted_batches(steps=1)[0].images.double()
+    eng = engine(model, "roid", "vectorized", strategy="local", augment_kept_only=True)
+    roid, bank = eng.local, eng.bank
+    roid.prepare(bank, x)
+    ref = bank.forward(x, "batch").logits
+    w = roid_weights(ref, roid._probs_for(ref), roid.temperature)
+    keep = w > 0
+    x_aug = augment(x, torch_generator(0, "test"), "roid")
+    grads = param_grads(bank, lambda p: (w * symmetric_cross_entropy(roid.augmented_logits(bank, x_aug, keep, p),
+                                                                     ref)).sum(1))
+    names = select_parameters(model, "bn_affine")
+    for i in range(4):
+        single = make_bank("loop", model, 1, names, OptimizerSpec("sgd", 1.0))
+        alone = lambda p: (w[i, keep[i]] * symmetric_cross_entropy(  # noqa: E731
+            single.forward(x_aug[i:i + 1, keep[i]], "batch", params=p).logits[0], ref[i, keep[i]])).sum()[None]
+        g = param_grads(single, alone)
+        assert all(torch.allclose(grads[k][i], g[k][0], rtol=0, atol=1e-10) for k in names)
+
+
+def test_roid_kept_only_changes_the_run_and_keeps_the_default(digits_model, one_thread):
+    default, _ = pinned_run(digits_model, "roid", augment_kept_only=False)
+    kept, _ = pinned_run(digits_model, "roid", augment_kept_only=True)
+    assert torch.allclose(default[:, 0, 0], torch.tensor(PINNED_LOGITS["roid"][0], dtype=torch.float64), atol=1e-9)
+    assert not torch.allclose(default, kept, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="at least one kept"):
+        KeptStatistics(torch.tensor([[True, False], [False, False]]))
+
+
+# ---------------------------------------------------------------- CoTTA jitter order
+def test_shuffled_jitter_applies_the_drawn_order():
+    """Brightness b and gamma g (2 ops): 'fixed' is always gamma(brightness(x)); 'shuffled' draws the factors as
+    'fixed' does, then a random order per client batch (``jitter_orders``); both orders occur over seeds."""
+    spec = AugmentSpec(brightness=(0.6, 1.4), gamma=(0.7, 1.3))
+    x = torch.rand(1, 5, 3, 6, 6, generator=torch_generator(0, "x"))
+    orders = set()
+    for seed in range(12):
+        gen = torch_generator(seed, "jitter")
+        b = 0.6 + 0.8 * torch.rand(1, generator=gen, dtype=torch.float64).float()
+        g = 0.7 + 0.6 * torch.rand(1, generator=gen, dtype=torch.float64).float()
+        order = tuple(jitter_orders(gen, 1, 2)[0].tolist())
+        orders.add(order)
+        bright_first = (x * b).clamp(0, 1).clamp_min(0).pow(g).clamp(0, 1)
+        gamma_first = (x.clamp_min(0).pow(g).clamp(0, 1) * b).clamp(0, 1)
+        fixed = augment(x, torch_generator(seed, "jitter"), spec)
+        shuffled = augment(x, torch_generator(seed, "jitter"), spec, jitter_order="shuffled")
+        assert torch.allclose(fixed, bright_first, rtol=0, atol=1e-6)
+        assert torch.allclose(shuffled, bright_first if order == (0, 1) else gamma_first, rtol=0, atol=1e-6)
+        assert torch.equal(shuffled, augment(x, torch_generator(seed, "jitter"), spec, jitter_order="shuffled"))
+    assert orders == {(0, 1), (1, 0)}
+    with pytest.raises(ValueError, match="jitter_order"):
+        augment(x, torch_generator(0, "t"), spec, jitter_order="random")
+
+
+def test_cotta_shuffled_jitter_is_reproducible_and_varies_across_calls_clients_and_steps(digits_model, monkeypatch,
+                                                                                         one_thread):
+    """CoTTA draws one order of the 5 colour transforms per augmented view and client from its generator for
+    (seed, step): the same on both backends and for a rerun, different across the views of a step, across clients
+    and across steps; 'fixed' (the default) draws none."""
+    import ftta_core.tta.augment as aug_module
+
+    drawn = []
+
+    def recording(generator, units, n_ops):
+        out = jitter_orders(generator, units, n_ops)
+        drawn.append(out)
+        return out
+
+    monkeypatch.setattr(aug_module, "jitter_orders", recording)
+    batches = shifted_batches(steps=2)
+    runs = {}
+    for key, backend, order in (("a", "vectorized", "shuffled"), ("b", "vectorized", "shuffled"),
+                                ("loop", "loop", "shuffled"), ("fixed", "vectorized", "fixed")):
+        drawn.clear()
+        eng = engine(digits_model, "cotta", backend, strategy="local", ap=1.0, jitter_order=order)
+        logits = [eng.local.adapt(eng.bank, b.images).logits for b in batches]
+        runs[key] = ([d.clone() for d in drawn], logits)
+    assert runs["fixed"][0] == []
+    orders = runs["a"][0]
+    assert len(orders) == 2 * 3 and all(o.shape == (4, 5) for o in orders)  # 2 steps x 3 views, [clients, ops]
+    assert all(sorted(row.tolist()) == [0, 1, 2, 3, 4] for o in orders for row in o)
+    for other in ("b", "loop"):
+        assert all(torch.equal(o, p) for o, p in zip(orders, runs[other][0]))
+    assert len({tuple(o.flatten().tolist()) for o in orders}) == 6  # every view of every step its own orders
+    assert all(len({tuple(row.tolist()) for row in o}) > 1 for o in orders)  # clients differ
+    assert all(torch.equal(a, b) for a, b in zip(runs["a"][1], runs["b"][1]))
+    assert not torch.allclose(runs["a"][1][0], runs["fixed"][1][0], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="jitter_order"):
+        build_local("cotta", jitter_order="random")
+
+
+# ---------------------------------------------------------------- the options on both backends
+OPTION_CONFIGS = {
+    "eata_skip": ("eata", {"skip_empty": True, "e_margin": 0.1}),
+    "roid_kept": ("roid", {"augment_kept_only": True}),
+    "cotta_shuffled": ("cotta", {"jitter_order": "shuffled"}),
+}
+
+
+@pytest.mark.parametrize("key", sorted(OPTION_CONFIGS))
+def test_paper_options_backends_agree_with_fedavg(digits_model, key, one_thread):
+    """As test_backends_agree_with_fedavg (float64, 3 steps, fedavg mixing) with the paper's behaviour selected."""
+    name, options = OPTION_CONFIGS[key]
+    model = copy.deepcopy(digits_model).double()
+    batches = [dataclasses.replace(b, images=b.images.double()) for b in shifted_batches(steps=3)]
+    results = {}
+    for backend in ("loop", "vectorized"):
+        eng = engine(model, name, backend, **options)
+        results[backend] = [(eng.step(b), eng.local.shared_state(eng.bank)) for b in batches]
+    for (a, sa), (b, sb) in zip(results["loop"], results["vectorized"]):
+        assert (a.correct_local == b.correct_local).all()
+        assert (a.correct_mixed == b.correct_mixed).all()
+        assert set(sa) == set(sb)
+        assert all(torch.allclose(sa[k], sb[k], rtol=0, atol=1e-9) for k in sa)

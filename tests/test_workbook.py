@@ -198,3 +198,46 @@ def test_same_domain_weight_reads_only_the_chosen_steps_with_their_domains():
     assert np.allclose(spread["same domain"], spread["uniform same-domain"])
     dom = scenario.domains_at(0)
     assert np.isclose(spread.loc[0, "uniform same-domain"], ((dom == dom[0]).sum() - 1) / 10)
+
+
+def test_per_domain_table_seeds_column_counts_distinct_seeds_as_integers():
+    from ftta_core.paper import beside_per_corruption
+    from ftta_core.workbook import per_domain_table
+
+    def summary(acc, src):
+        return {"accuracy": acc, "accuracy_local": acc, "accuracy_source": src,
+                "accuracy_by_domain": {"mixed": {"fog": acc}, "local": {"fog": acc}, "source": {"fog": src}}}
+
+    # runs of one seed made on different devices: source numbers that differ in the last digits
+    summaries = {("fedavg", 0): summary(60.0, 30.0), ("fedtsa", 0): summary(61.0, 30.2),
+                 ("fedavg", 1): summary(70.0, 40.0), ("fedtsa", 1): summary(71.0, 40.0),
+                 ("local", 1): summary(50.0, 40.1)}
+    table = per_domain_table(summaries)
+    assert pd.api.types.is_integer_dtype(table["seeds"])
+    assert table["seeds"].to_dict() == {"No-Adapt": 2, "fedavg": 2, "fedtsa": 2, "local": 1}
+    # every seed weighs the same: seed 0's two source numbers are averaged before the mean over seeds
+    assert np.isclose(table.loc["No-Adapt", "fog"], (30.1 + (40.0 + 40.0 + 40.1) / 3) / 2)
+    side = beside_per_corruption(table, "fedtsa_table2")  # paper rows we lack keep the column integer
+    assert pd.api.types.is_integer_dtype(side["seeds"]) and side.loc["FedAvg", "seeds"] == 2
+
+
+def test_paired_difference_says_within_seed_noise_when_signs_change_or_below_the_spread():
+    from ftta_core.workbook import difference_phrase, ordering_phrase, paired_difference, per_seed_values
+
+    a = pd.Series({0: 71.0, 1: 72.0, 2: 73.0})
+    assert paired_difference(a, a - 1.0)["verdict"] == "ahead"
+    assert paired_difference(a - 1.0, a)["verdict"] == "behind"
+    flip = paired_difference(a, pd.Series({0: 70.0, 1: 72.5, 2: 72.0}))
+    assert flip["verdict"] == "within seed noise" and "change sign" in flip["why"]
+    small = paired_difference(pd.Series({0: 1.0, 1: 3.0}), pd.Series({0: 0.99, 1: 1.0}))
+    assert small["verdict"] == "within seed noise"  # same sign, mean 1.005 < std 1.41
+    # one common seed: compared with the seed spread of the method that has several seeds
+    many = pd.Series({0: 72.0, 1: 72.2, 2: 71.8})  # std 0.2
+    assert paired_difference(many, pd.Series({0: 71.9}))["verdict"] == "within seed noise"
+    assert paired_difference(many, pd.Series({0: 71.0}))["verdict"] == "ahead"
+    assert paired_difference(pd.Series({0: 2.0}), pd.Series({0: 1.0}))["verdict"] == "one seed"
+    assert paired_difference(a, pd.Series({5: 1.0}))["verdict"] == "no common seed"
+    assert "+1.00 over 3 paired seeds (ahead" in difference_phrase(a, a - 1.0, "A", "B")
+    assert ordering_phrase({"a": 1.0, "b": 3.0, "c": float("nan")}) == "b 3.00 > a 1.00"
+    table = per_seed_values({("x", 0): {"accuracy": 1.0}, ("x", 1): {"accuracy": 2.0}, ("y", 1): {"accuracy": 5.0}})
+    assert table.loc[1, "y"] == 5.0 and np.isnan(table.loc[0, "y"]) and list(table.index) == [0, 1]

@@ -8,8 +8,10 @@ the client bank, identical for the loop and vectorized backends.
 The pipeline follows ``augmentations/transforms_cotta.py`` of mariodoebler/test-time-adaptation, in this order:
 
 1. clip to [0, 1];
-2. colour jitter (ColorJitterPro): brightness, contrast, saturation, hue, gamma -- in this fixed order (the reference
-   draws a random order per call); saturation and hue only act on 3-channel images;
+2. colour jitter (ColorJitterPro): brightness, contrast, saturation, hue, gamma -- by default in this fixed order;
+   ``jitter_order='shuffled'`` draws a random order of them per draw unit, as the reference's
+   ``ColorJitterPro.forward`` does per call (``torch.randperm(5)`` over all five, gamma included; torchvision's
+   ColorJitter shuffles its four). Saturation and hue only act on 3-channel images;
 3. geometry as ONE bilinear resampling: random affine (rotation, zoom, translation), random resized crop, integer
    pad-and-crop shift and horizontal flip. Pixels outside the image come from ``padding_mode`` ('border' = the
    reference's edge padding of n/2 pixels before the affine and the centre crop after it; 'reflection'; 'zeros'),
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple, Union
+from typing import Callable, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +43,7 @@ from ..validation import check_choice
 Range = Tuple[float, float]
 PADDING_MODES = ("border", "reflection", "zeros")
 SHARE = ("batch", "image")
+JITTER_ORDERS = ("fixed", "shuffled")
 _GRAY = (0.2989, 0.587, 0.114)  # torchvision rgb_to_grayscale
 
 
@@ -151,21 +154,68 @@ def _hsv_to_rgb(h: torch.Tensor, s: torch.Tensor, v: torch.Tensor) -> torch.Tens
     return (table * sector.unsqueeze(1)).sum(2)
 
 
-def _colour(x: torch.Tensor, spec: AugmentSpec, draw: _Draw) -> torch.Tensor:
-    """ColorJitterPro: brightness, contrast, saturation, hue, gamma (each clamped to [0, 1], as torchvision)."""
-    if spec.brightness != (1.0, 1.0):
-        x = (x * _view(draw.uniform(*spec.brightness))).clamp(0, 1)
-    if spec.contrast != (1.0, 1.0):
-        c = _view(draw.uniform(*spec.contrast))
-        x = (c * x + (1 - c) * _grayscale(x).mean((1, 2, 3), keepdim=True)).clamp(0, 1)
-    if x.shape[1] == 3 and spec.saturation != (1.0, 1.0):
-        s = _view(draw.uniform(*spec.saturation))
-        x = (s * x + (1 - s) * _grayscale(x)).clamp(0, 1)
-    if x.shape[1] == 3 and spec.hue != (0.0, 0.0):
-        h, s, v = _rgb_to_hsv(x)
-        x = _hsv_to_rgb(torch.remainder(h + draw.uniform(*spec.hue).view(-1, 1, 1), 1.0), s, v)
-    if spec.gamma != (1.0, 1.0):
-        x = x.clamp_min(0).pow(_view(draw.uniform(*spec.gamma))).clamp(0, 1)
+def _brightness(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return (x * _view(f)).clamp(0, 1)
+
+
+def _contrast(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    c = _view(f)
+    return (c * x + (1 - c) * _grayscale(x).mean((1, 2, 3), keepdim=True)).clamp(0, 1)
+
+
+def _saturation(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    s = _view(f)
+    return (s * x + (1 - s) * _grayscale(x)).clamp(0, 1)
+
+
+def _hue(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    h, s, v = _rgb_to_hsv(x)
+    return _hsv_to_rgb(torch.remainder(h + f.view(-1, 1, 1), 1.0), s, v)
+
+
+def _gamma(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    return x.clamp_min(0).pow(_view(f)).clamp(0, 1)
+
+
+def _colour_ops(spec: AugmentSpec, channels: int) -> List[Tuple[str, Range, Callable]]:
+    """The active colour transforms in the canonical order (name, range, fn(images, factors))."""
+    ops = [("brightness", spec.brightness, _brightness, spec.brightness != (1.0, 1.0)),
+           ("contrast", spec.contrast, _contrast, spec.contrast != (1.0, 1.0)),
+           ("saturation", spec.saturation, _saturation, channels == 3 and spec.saturation != (1.0, 1.0)),
+           ("hue", spec.hue, _hue, channels == 3 and spec.hue != (0.0, 0.0)),
+           ("gamma", spec.gamma, _gamma, spec.gamma != (1.0, 1.0))]
+    return [(name, rng, fn) for name, rng, fn, active in ops if active]
+
+
+def jitter_orders(generator: torch.Generator, units: int, n_ops: int) -> torch.Tensor:
+    """A uniformly random order of ``n_ops`` colour transforms per draw unit: [units, n_ops] (row = a permutation)."""
+    u = torch.rand(units, n_ops, generator=generator, device=generator.device, dtype=torch.float64)
+    return u.argsort(1).cpu()
+
+
+def _colour(x: torch.Tensor, spec: AugmentSpec, draw: _Draw, jitter_order: str = "fixed") -> torch.Tensor:
+    """ColorJitterPro: brightness, contrast, saturation, hue, gamma (each clamped to [0, 1], as torchvision).
+
+    The factors are drawn in that canonical order either way. ``jitter_order='fixed'`` applies the transforms in it;
+    'shuffled' then draws a random order per draw unit (``jitter_orders``), as the reference's
+    ``ColorJitterPro.forward`` does per call with ``torch.randperm(5)``.
+    """
+    ops = _colour_ops(spec, x.shape[1])
+    if jitter_order == "fixed":
+        for _, rng, fn in ops:
+            x = fn(x, draw.uniform(*rng))
+        return x
+    factors = [draw.uniform(*rng) for _, rng, _ in ops]
+    if len(ops) < 2:
+        return ops[0][2](x, factors[0]) if ops else x
+    order = jitter_orders(draw.generator, draw.units, len(ops)).repeat_interleave(draw.repeat, 0)  # [M, n_ops]
+    for slot in range(len(ops)):
+        done = x.clone()
+        for j, (_, _, fn) in enumerate(ops):
+            idx = (order[:, slot] == j).nonzero().flatten().to(x.device)
+            if len(idx):
+                done[idx] = fn(x[idx], factors[j][idx])
+        x = done
     return x
 
 
@@ -219,12 +269,13 @@ def _blur(x: torch.Tensor, sigma_range: Range, draw: _Draw, size: int = 5) -> to
 
 @torch.no_grad()
 def augment(x: torch.Tensor, generator: torch.Generator, strength: Union[str, AugmentSpec] = "cotta",
-            share: str = "batch") -> torch.Tensor:
+            share: str = "batch", jitter_order: str = "fixed") -> torch.Tensor:
     """An augmented copy of clients' batches ``x`` [N, B, C, H, W] in [0, 1] (see the module docstring).
 
     ``strength``: a preset name of ``STRENGTHS`` or an ``AugmentSpec``; ``share``: 'batch' (one draw per client
-    batch) or 'image' (one draw per image). All draws come from ``generator`` (on any device; values are moved to
-    ``x``'s device).
+    batch) or 'image' (one draw per image); ``jitter_order``: 'fixed' (brightness, contrast, saturation, hue, gamma)
+    or 'shuffled' (a random order per draw unit, as the reference). All draws come from ``generator`` (on any
+    device; values are moved to ``x``'s device).
     """
     if x.dim() != 5:
         raise ValueError(f"augment expects x of shape [N, B, C, H, W], got {tuple(x.shape)}")
@@ -232,12 +283,13 @@ def augment(x: torch.Tensor, generator: torch.Generator, strength: Union[str, Au
         check_choice("strength", strength, tuple(STRENGTHS))
         strength = STRENGTHS[strength]
     check_choice("share", share, SHARE)
+    check_choice("jitter_order", jitter_order, JITTER_ORDERS)
     spec = strength
     n, b = x.shape[:2]
     units, repeat = (n, b) if share == "batch" else (n * b, 1)
     draw = _Draw(generator, units, repeat, x.device, x.dtype)
     y = x.reshape(n * b, *x.shape[2:]).clamp(0, 1)
-    y = _colour(y, spec, draw)
+    y = _colour(y, spec, draw, jitter_order)
     if spec.geometric:
         y = _geometry(y, spec, draw)
     elif spec.flip > 0:
@@ -250,4 +302,4 @@ def augment(x: torch.Tensor, generator: torch.Generator, strength: Union[str, Au
     return y.clamp(0, 1).view_as(x)
 
 
-__all__ = ["augment", "AugmentSpec", "STRENGTHS", "PADDING_MODES"]
+__all__ = ["augment", "AugmentSpec", "STRENGTHS", "PADDING_MODES", "JITTER_ORDERS", "jitter_orders"]

@@ -10,25 +10,40 @@ Follows ``classification/methods/eata.py`` of mariodoebler/test-time-adaptation 
   (alpha 1.0), the Fisher ``F`` being the mean over source batches of squared gradients of the cross-entropy on
   the model's own argmax, with BN on batch statistics (``fisher_alpha=0`` is ETA).
 
-Per-client state (moving average, Fisher, anchor) has a leading client dimension. Deviation: a client with no
-selected sample gets a zero loss, so SGD leaves it alone but Adam still moves it by its moments (the reference
-skips the step; the bank steps all clients together).
+Per-client state (moving average, Fisher, anchor) has a leading client dimension.
+
+``skip_empty``: what a client with no selected sample does. Default False, today's behaviour: it gets a zero loss
+(EWC term included) and still takes the optimiser step with the others, so plain SGD leaves it alone but Adam (and
+SGD with momentum) still moves it by its moments and advances its step count. It stays the default so that the
+stored runs under ``figures/`` that used EATA remain exactly valid (with it the results are bit-identical to the code
+before the option existed). True is the paper's / reference's: ``forward_and_adapt_eata`` only calls
+``loss.backward(); optimizer.step()`` when some sample is selected, so such a client is left exactly unchanged --
+parameters and optimiser state (Adam moments and step count, momentum buffers) -- while the others step (a strategy
+regulariser's step is skipped with it). The bank steps all clients together (one optimiser over stacked parameters
+in the vectorized bank, one per client in the loop bank), so ``ClientOptimizerRows`` snapshots every client's rows
+before the step and writes the skipped clients' rows back after it. In the vectorized bank Adam's step count is one
+scalar per stacked tensor, so once clients have skipped different numbers of steps their counts differ: EATA keeps
+them (``client_steps``, part of its state with this option) and re-runs the optimiser step, from the same
+gradients, once per distinct count, which gives each client exactly the update of its own optimiser in the loop
+bank. On the one continual CIFAR-10-C stream checked against the reference (batch 200) no step was empty; small
+client batches make empty steps common.
 """
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..engine.bank import ClientBank, ForwardOutput, LossFn
+from ..engine.bank import ClientBank, ForwardOutput, LoopBank, LossFn, VectorizedBank
 from ..rng import numpy_generator
 from ..training import SOURCE_MODELS
 from ..validation import check_choice
+from .base import combine
 from .basic import entropy
 from .client_params import AnchoredMethod, Params, param_grads
 
@@ -125,11 +140,127 @@ def fisher_information(bank: ClientBank, images: torch.Tensor, batch_size: int) 
     return {k: v / batches for k, v in total.items()}
 
 
+def _opt_params(opt: torch.optim.Optimizer) -> List[torch.Tensor]:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def _state_copy(opt: torch.optim.Optimizer, p: torch.Tensor) -> Dict[str, torch.Tensor]:
+    return {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[p].items()} if p in opt.state else {}
+
+
+class ClientOptimizerRows:
+    """Every client's trainable parameters and optimiser state, saved before a step of ``bank.adapt``, so that the
+    step can be undone for some clients (EATA's ``skip_empty``).
+
+    ``LoopBank``: client i's parameters and its own optimiser's state. ``VectorizedBank``: row i of the stacked
+    parameters and of every optimiser state tensor shaped like them (Adam moments, momentum buffers); Adam's
+    ``step`` is one scalar per stacked tensor, so the clients' own step counts are passed in (``client_steps`` [N],
+    what each client's own optimiser would hold), the most common one is used by ``bank.adapt``, and ``finish`` re-runs
+    the step once per other count among the stepping clients (from the gradients ``bank.adapt`` left on the
+    parameters) and keeps each client's rows from the run with its own count.
+    A state created by the step (the first one) is restored as zeros, which torch's Adam and SGD (dampening 0) treat
+    exactly as a fresh state.
+    """
+
+    def __init__(self, bank: ClientBank, client_steps: torch.Tensor) -> None:
+        if isinstance(bank, LoopBank):
+            self.optimizers = list(bank.optimizers)
+        elif isinstance(bank, VectorizedBank):
+            self.optimizers = [] if bank.optimizer is None else [bank.optimizer]
+        else:
+            raise TypeError(f"skip_empty works with LoopBank and VectorizedBank, got {type(bank).__name__}")
+        if not self.optimizers:
+            raise RuntimeError("skip_empty needs trainable parameters and an optimizer")
+        self.loop = isinstance(bank, LoopBank)
+        self.saved = [[(p.detach().clone(), _state_copy(opt, p)) for p in _opt_params(opt)] for opt in self.optimizers]
+        self.steps = client_steps.clone()
+        if not self.loop:
+            opt = self.optimizers[0]
+            if not any(len(opt.state.get(p, {})) for p in _opt_params(opt)):
+                self.steps.zero_()  # a fresh (or reset) optimiser: every client is at step 0
+            self.shared = int(torch.mode(self.steps).values) if len(self.steps) else 0
+            for p in _opt_params(opt):  # step the most common count in one go
+                if "step" in opt.state.get(p, {}):
+                    opt.state[p]["step"].fill_(self.shared)
+        else:
+            for i, opt in enumerate(self.optimizers):
+                if not any(len(opt.state.get(p, {})) for p in _opt_params(opt)):
+                    self.steps[i] = 0
+
+    def finish(self, stepped: torch.Tensor) -> torch.Tensor:
+        """After ``bank.adapt``: keep the step of the clients ``stepped`` [N] (bool), restore the others exactly.
+        Returns the clients' optimiser step counts after the step (zeros for an optimiser without one, e.g. SGD)."""
+        stepped = stepped.cpu()
+        counted = any("step" in opt.state.get(p, {}) for opt in self.optimizers for p in _opt_params(opt))
+        after = self.steps + stepped.to(self.steps.dtype) if counted else torch.zeros_like(self.steps)
+        if self.loop:
+            for i, opt in enumerate(self.optimizers):
+                if not bool(stepped[i]):
+                    self._restore(opt, self.saved[i], None)
+            return after
+        opt, saved = self.optimizers[0], self.saved[0]
+        others = sorted({int(t) for t in self.steps[stepped]} - {self.shared}) if counted else []
+        if others:  # clients whose own step count differs from the one just used: step them again from the snapshot
+            final = [(p.detach().clone(), _state_copy(opt, p)) for p in _opt_params(opt)]
+            for t in others:
+                self._restore(opt, saved, None)
+                for p in _opt_params(opt):
+                    if p.grad is None:
+                        raise RuntimeError("skip_empty: the bank's step left no gradient to step again with")
+                    opt.state[p]["step"].fill_(t)
+                opt.step()
+                self._keep_rows(opt, final, stepped & (self.steps == t))
+            self._restore(opt, final, None)
+        self._restore(opt, saved, ~stepped)
+        for p in _opt_params(opt):  # the scalar is set again before the next step; keep the largest count meanwhile
+            if "step" in opt.state.get(p, {}):
+                opt.state[p]["step"].fill_(int(after.max()))
+        return after
+
+    @staticmethod
+    def _keep_rows(opt: torch.optim.Optimizer, into: list, rows: torch.Tensor) -> None:
+        """Copy rows ``rows`` [N] of the current parameters and per-client state tensors into the snapshot ``into``."""
+        with torch.no_grad():
+            for p, (value, state) in zip(_opt_params(opt), into):
+                value[rows.to(value.device)] = p.detach()[rows.to(p.device)]
+                for k, v in opt.state.get(p, {}).items():
+                    if k != "step" and torch.is_tensor(v):
+                        state[k][rows.to(v.device)] = v[rows.to(v.device)]
+
+    @staticmethod
+    def _restore(opt: torch.optim.Optimizer, saved: list, rows: Optional[torch.Tensor]) -> None:
+        """Write the snapshot back: everything (``rows`` None) or the client rows ``rows`` [N] of stacked tensors."""
+        with torch.no_grad():
+            for p, (value, state) in zip(_opt_params(opt), saved):
+                live = opt.state.get(p, {})
+                if rows is None:
+                    p.copy_(value)
+                    if state:
+                        for k, v in state.items():
+                            if torch.is_tensor(v) and torch.is_tensor(live.get(k)):
+                                live[k].copy_(v)
+                            else:
+                                live[k] = v.clone() if torch.is_tensor(v) else v
+                    else:
+                        opt.state.pop(p, None)
+                    continue
+                r = rows.to(p.device)
+                p[r] = value[r]
+                for k, v in live.items():
+                    if k == "step" or not torch.is_tensor(v):
+                        continue
+                    if v.shape != p.shape:
+                        raise NotImplementedError(f"skip_empty: optimiser state {k!r} is not per client")
+                    v[r] = state[k][r] if k in state else 0
+
+
 class EATA(AnchoredMethod):
     """EATA: entropy-filtered, redundancy-filtered, re-weighted entropy minimisation with a Fisher (EWC) anchor.
 
     ``fisher_source`` names a source model of ``training.SOURCE_MODELS``: the Fisher is computed on the bank's
     first ``adapt`` from ``fisher_samples`` random images of its training set, in batches of ``fisher_batch``.
+    ``skip_empty`` (default False): True skips the step of a client with no selected sample, as the paper (see the
+    module docstring).
     """
 
     name = "eata"
@@ -138,7 +269,7 @@ class EATA(AnchoredMethod):
     def __init__(self, params: str = "bn_affine", optimizer: str = "adam", lr: float = 1e-3, momentum: float = 0.0,
                  weight_decay: float = 0.0, steps: int = 1, e_margin: float = 0.4, d_margin: float = 0.4,
                  probs_momentum: float = 0.9, fisher_alpha: float = 1.0, fisher_source: Optional[str] = None,
-                 fisher_samples: int = 500, fisher_batch: int = 200, seed: int = 0) -> None:
+                 fisher_samples: int = 500, fisher_batch: int = 200, skip_empty: bool = False, seed: int = 0) -> None:
         super().__init__(seed=seed, params=params, optimizer=optimizer, lr=lr, momentum=momentum,
                          weight_decay=weight_decay, steps=steps)
         if not e_margin > 0:
@@ -160,6 +291,11 @@ class EATA(AnchoredMethod):
         self.e_margin, self.d_margin, self.probs_momentum = e_margin, d_margin, probs_momentum
         self.fisher_alpha, self.fisher_source = fisher_alpha, fisher_source
         self.fisher_samples, self.fisher_batch = fisher_samples, fisher_batch
+        self.skip_empty = bool(skip_empty)
+        if self.skip_empty:  # only then part of the state: checkpoints of default runs keep their keys
+            self.state_names = EATA.state_names + ("client_steps",)
+        self.client_steps: Optional[torch.Tensor] = None  # [N] each client's optimiser step count (skip_empty)
+        self._count: Optional[torch.Tensor] = None  # selected samples per client of the last loss call
         self.probs: Optional[torch.Tensor] = None
         self.has_probs: Optional[torch.Tensor] = None
         self.fisher: Optional[Params] = None
@@ -184,6 +320,7 @@ class EATA(AnchoredMethod):
         ent = entropy(out.logits)
         _, selected = self._select(out.logits, clients)
         count = selected.sum(1)
+        self._count = count.detach()
         loss = (ent * sample_weights(ent, self.e0(out.logits.shape[-1])) * selected).sum(1) / count.clamp_min(1)
         if self.fisher is not None:
             loss = loss + self.fisher_alpha * ewc_penalty(params, self.source, self.fisher, clients)
@@ -191,7 +328,7 @@ class EATA(AnchoredMethod):
 
     def adapt(self, bank: ClientBank, x: torch.Tensor, regularizer: Optional[LossFn] = None) -> ForwardOutput:
         self.prepare(bank, x)
-        out = super().adapt(bank, x, regularizer)
+        out = self._adapt_skipping(bank, x, regularizer) if self.skip_empty else super().adapt(bank, x, regularizer)
         reliable, selected = self._select(out.logits, slice(None))
         if self.probs is None:
             self.probs = torch.zeros(out.logits.shape[0], out.logits.shape[-1], device=out.logits.device,
@@ -201,4 +338,30 @@ class EATA(AnchoredMethod):
                                                          self.probs_momentum)
         self.last_reliable, self.last_selected = reliable.sum(1), selected.sum(1)
         self.step += 1
+        return out
+
+    def _adapt_skipping(self, bank: ClientBank, x: torch.Tensor, regularizer: Optional[LossFn]) -> ForwardOutput:
+        """``GradientMethod.adapt`` where each step leaves the clients without a selected sample exactly unchanged."""
+        loss = combine(self.loss, regularizer)
+        with self.training(bank):
+            first = self._step_skipping(bank, x, loss)
+            for _ in range(self.steps - 1):
+                self._step_skipping(bank, x, loss)
+        return first
+
+    def _step_skipping(self, bank: ClientBank, x: torch.Tensor, loss: LossFn) -> ForwardOutput:
+        n = bank.n_clients
+        if self.client_steps is None:
+            self.client_steps = torch.zeros(n, dtype=torch.long)
+        counts = torch.zeros(n, dtype=torch.long)
+
+        def counting(out: ForwardOutput, params: Dict[str, torch.Tensor], x: torch.Tensor,
+                     clients: slice) -> torch.Tensor:
+            value = loss(out, params, x, clients)
+            counts[clients] = self._count.cpu()
+            return value
+
+        rows = ClientOptimizerRows(bank, self.client_steps.cpu())
+        out = bank.adapt(x, counting, self.bn_mode)
+        self.client_steps = rows.finish(counts > 0).to(x.device)
         return out

@@ -10,10 +10,11 @@ CELLS = [
 **Paper:** FedTSA (KDD'24), Sec. 5.5 and App. B.3. Ten clients in three groups walk through the 15 corruptions
 (severity 5, one corruption per 50-step slot, TH = 0.02): clients 1-4 in the standard order, clients 5-7 the same
 walk one slot ahead, clients 8-10 in reverse order. Group 2 has seen a corruption one slot before group 1 and group
-3 meet it; groups 1 and 3 meet on the middle corruption (Snow, slot 8 in the paper's 1-based numbering). A good
-collaboration matrix should show the three groups as blocks, and in the Snow slot groups 1 and 3 should take from
-group 2, which adapted to Snow just before. The paper ran this on CIFAR-100-C; CIFAR-100 is not available here, so
-we run it on CIFAR-10-C with our ResNet-8 (`python -m ftta_core case-study`, scenario `case_study`).
+3 meet it; groups 1 and 3 meet on the middle corruption (Snow, slot 8 in the paper's 1-based numbering). The paper
+reads its Fig 5 as FedTSA's matrix showing the three groups as blocks, with groups 1 and 3 taking from group 2 (which
+adapted to Snow just before) in the Snow slot; the reading at the end checks this on our runs. The paper ran this on
+CIFAR-100-C; CIFAR-100 is not available here, so we run it on CIFAR-10-C with our ResNet-8
+(`python -m ftta_core case-study`, scenario `case_study`).
 """),
     ("params", """
 # smoke=True (or FTTA_SMOKE=1): a few steps on the embedded digits, nothing read from figures/
@@ -35,8 +36,8 @@ from ftta_core import plots
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
-from ftta_core.workbook import (CASE_STUDY_ALL, CASE_STUDY_GROUPS, case_study_domains, case_study_table,
-                                group_weight_shares, run_stored, same_domain_weight)
+from ftta_core.workbook import (CASE_STUDY_ALL, CASE_STUDY_GROUPS, case_study_domains, case_study_reading,
+                                case_study_table, group_weight_shares, run_stored, same_domain_weight)
 
 smoke = smoke_mode(smoke)
 if smoke:
@@ -122,13 +123,21 @@ fig.tight_layout()
 """),
     ("md", """
 ## Reading it
-The shares table is the quantitative version of Fig 5: a method that recovers the groups puts most of a client's
-weight on its own group, and in the highlighted slot groups 1 and 3 (which see the same corruption there) should
-take from each other. FedAMP and pFedGraph weight clients by the distance of their shared state (BN statistics
-under TTA-bn), FedTSA by the learned attention over the indicator window, FedCTTA by the distance of the models'
-outputs on noise. Whether the paper's picture (FedTSA forming the clearest blocks) holds on our setup is read off
-the shares above and the accuracy table; the paper's Fig 5 is on CIFAR-100-C, where the 100-class outputs and
-features separate corruptions differently than our 10-class ResNet-8 does.
+Computed from the tables above (`workbook.case_study_reading`): the ordering of the methods beside the paper's, and
+in the highlighted slot where each client's weight goes.
+"""),
+    ("code", """
+from IPython.display import Markdown
+
+Markdown(case_study_reading(table, shares, same, case_study_domains(runs[strategies[0]]), paper_mean, highlight_slot,
+                            cfg.clients, [cfg.seed], METHOD_LABELS))
+"""),
+    ("md", """
+How the methods weight clients (from their code, not measured here): FedAMP and pFedGraph by the distance of their
+shared state (BN statistics under TTA-bn), FedTSA by the trained attention over the indicator window, FedCTTA by the
+distance of the models' outputs on noise. The paper's Fig 5 is on CIFAR-100-C with a ResNeXt-29; whether its
+100-class features separate the corruptions differently from our 10-class ResNet-8 is an **untested hypothesis**:
+no run here compares the two.
 """),
 ]
 
