@@ -2,7 +2,7 @@
 
 Each cell is a run of ``base`` with that local method (its settings from ``local_settings``) and strategy (its
 defaults), for every seed; runs are stored under ``results_dir`` like every grid of the workbook (``run_grid``; runs of the same configs stored elsewhere are read with ``also_read``), so
-a leaderboard fills in over sessions and a rerun reads what is stored. The table gives mean, standard deviation,
+a leaderboard fills in as runs are added and a rerun reads what is stored. The table gives mean, standard deviation,
 the number of seeds and a 95% confidence half-width (Student t over seeds).
 """
 from __future__ import annotations

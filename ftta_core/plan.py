@@ -134,7 +134,7 @@ def _run_before(job: PlannedJob, deadline: Optional[float]) -> Dict[str, Any]:
 def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[float] = None,
              threads: Optional[int] = None, log=print) -> List[Dict[str, Any]]:
     """Run ``jobs`` (in order of priority) ``workers`` at a time; a job not started within ``deadline_s`` seconds is
-    skipped, so a time-limited session stops cleanly with every finished run stored. Unsets ``$FTTA_PLAN``."""
+    skipped, so a time-limited call stops cleanly with every finished run stored. Unsets ``$FTTA_PLAN``."""
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     os.environ.pop(PLAN_ENV, None)  # running a plan runs its jobs (workers inherit this), it never plans again

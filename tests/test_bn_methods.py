@@ -357,8 +357,8 @@ def test_rotta_updates_and_mixes_teacher(digits_model):
 def test_input_regulariser_is_built_on_the_inputs_clients_train_on():
     """MOON's and pFedSD's targets are outputs on the inputs the clients train on; RoTTA trains on its memory, so it
     rebuilds them there (``regularizer_on``; built on the step's batch they failed with a shape error in the
-    leaderboard's GPU call of session 10; ``test_backends_agree`` runs RoTTA with both). Inputs of another shape
-    than the targets' are a clear error."""
+    leaderboard's GPU call on one H100 on 2026-11-23; ``test_backends_agree`` runs RoTTA with both). Inputs of
+    another shape than the targets' are a clear error."""
     from ftta_core.engine.bank import ForwardOutput
     from ftta_core.strategies.base import InputRegularizer
 

@@ -191,7 +191,7 @@ def test_fill_memory_and_summarize(digits):
 
 def test_filled_memory_lives_on_the_device_of_the_timed_rounds():
     # the bank keeps the device of its first upload and the TS-Block trains there: a bank filled on the CPU made
-    # the session-6 `server_cost.py --device cuda` run time FedTSA's server on the host CPU
+    # the `server_cost.py --device cuda` run on one H100 (2026-11-22) time FedTSA's server on the host CPU
     s = build_strategy("fedtsa", server_steps=2, window=3)
     s.reset(4)
     fill_indicator_memory(s, 4, 2, 256, device="meta")  # "meta": any device other than the CPU, without a GPU

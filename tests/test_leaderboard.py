@@ -35,8 +35,8 @@ def test_run_leaderboard_stores_and_reads_back(tmp_path, monkeypatch):
 
 
 def test_a_partial_leaderboard_reads_and_draws(tmp_path, monkeypatch):
-    # a leaderboard fills in over sessions: local methods with no stored run must not turn the columns into objects
-    # (the heatmap of session 6's 28 stored CIFAR runs failed on exactly that)
+    # a leaderboard fills in as runs are added: local methods with no stored run must not turn the columns into objects
+    # (the heatmap of the 28 CIFAR runs stored from one H100 on 2026-11-22 failed on exactly that)
     import matplotlib
 
     matplotlib.use("Agg")

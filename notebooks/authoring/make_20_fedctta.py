@@ -159,9 +159,10 @@ display(missing)
     ("md", """
 ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
 Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
-summaries stored since session 4 carry per-corruption numbers, so `seeds` says how many runs each row averages
-(the No-Adapt row counts one entry per distinct run, CPU and GPU runs of one seed included). The paper's source
-model scores 30.5% without adaptation, ours 63.5%: compare each method's gap to FedAvg, not the absolute values.
+summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs
+each row averages (the No-Adapt row counts one entry per distinct run, CPU and GPU runs of one seed included).
+The paper's source model scores 30.5% without adaptation, ours 63.5%: compare each method's gap to FedAvg, not the
+absolute values.
 """),
     ("code", """
 table2_methods = ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"]

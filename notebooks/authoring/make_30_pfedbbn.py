@@ -68,8 +68,8 @@ $$\theta_i \leftarrow \sum_j W_{ij}\, \theta_j \quad \text{(BN affine parameters
     ("params", """
 # smoke=True (or FTTA_SMOKE=1): embedded digits, a few steps, a temporary results folder
 smoke = False
-reduced = False  # False: the full Table 1 grid (stored from an H100 session); True: the small CPU configuration
-compute = False  # False: show only the runs already stored; True: run the missing ones (the full grid: a GPU session)
+reduced = False  # False: the full Table 1 grid (stored from one H100, 2026-11-22); True: the small CPU configuration
+compute = False  # False: show only the runs already stored; True: run the missing ones (the full grid needs a GPU)
 seeds = [0]
 results_dir = "../figures/pfedbbn/runs"  # the full grid's run summaries (one JSON per run, named by config hash)
 reduced_dir = "../figures/pfedbbn/runs_small"
@@ -331,8 +331,8 @@ How to read these numbers (mechanisms and caveats; the numbers themselves are in
 - **W** (Fig 5): the same-domain share is compared with what uniform mixing would give those peers; a value above
   the uniform share means pFedBBN's statistics distance groups clients by corruption. Under label skew the balanced
   statistics also differ by which classes a client has seen, which pulls the other way.
-- One seed of the full grid is stored (an H100 session ran the 124 runs); `seeds=[0, 1, 2]` with `compute=True`
-  on a GPU adds seeds. `reduced=True` shows the small CPU configuration instead.
+- One seed of the full grid is stored (one H100 ran the 124 runs on 2026-11-22, 14 at a time under MPS);
+  `seeds=[0, 1, 2]` with `compute=True` on a GPU adds seeds. `reduced=True` shows the small CPU configuration instead.
 """),
 ]
 

@@ -11,7 +11,7 @@ Each paper compares a few methods on its own protocol. Here **every local TTA me
 common protocol (the FedTSA CIFAR-10-C protocol of `10_fedtsa`: 20 clients, batch 10, 500 images per client and
 corruption, severity 5, 50-step slots; NIID and IID), over several seeds, so one table shows which combinations win
 and by how much, with 95% confidence intervals over seeds. Runs are stored under `results_dir` and read back, so
-the board fills in over sessions (`compute=False` shows only what is stored).
+the board fills in as runs are added (`compute=False` shows only what is stored).
 
 The second part asks what each method's uploads reveal: bytes per client per step, and how well the server could
 guess a client's current corruption from one upload (a probing classifier, `ftta_core.leakage`).
@@ -154,12 +154,13 @@ says how much one upload tells the server about a client's current conditions, a
 sentence under it names every case where a smaller upload reveals more than a larger one. FedCTTA's probes are
 shared noise, not client data, yet their outputs pass through the client's adapted BN statistics and carry the
 corruption with them: sending fewer bytes is not the same as revealing less. On CIFAR-10-C the leaderboard fills
-in over sessions (`compute=True`; most local methods need a GPU); its `bn` and `tent` rows are the FedTSA Table 1
+in as runs are added (`compute=True`; most local methods need a GPU); its `bn` and `tent` rows are the FedTSA Table 1
 configs, so their five seeds come from `figures/fedtsa_table1/runs`, and the coverage line above says how much of
-the board is stored. The EATA, ROID, BBN and RoTTA rows ran on an H100 (session 10; their FedTSA column at seed 0
-there, with batched server rounds, and at seeds 1-4 on the CPU, 8-14 min per run on one core). CoTTA's row is missing: with its 32 augmented
+the board is stored. The EATA, ROID, BBN and RoTTA rows ran on one H100 (2026-11-23, 14 runs at a time
+under MPS; their FedTSA column at seed 0 there, with batched server rounds, and at seeds 1-4 on the CPU, 8-14 min
+per run on one core). CoTTA's row is missing: with its 32 augmented
 teacher passes per step, no run of this 750-step protocol finished within 6 min on a shared H100 (an estimate,
-not a measurement: 20-40 min per run, 1.5-3 GPU-hours for the row; `benchmarks/README.md`, "Session 10").
+not a measurement: 20-40 min per run, 1.5-3 GPU-hours for the row; `benchmarks/README.md`, "One H100, 2026-11-23").
 """),
 ]
 
