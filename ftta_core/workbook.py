@@ -377,8 +377,8 @@ def per_domain_table(summaries: Mapping[tuple, Dict[str, Any]], kind: str = "mix
     skipped; the ``seeds`` column (integer) says how many distinct seeds each row averages.
 
     Every seed weighs the same: a row's numbers are the mean over its seeds of the mean over that seed's entries
-    (the source row gets one entry per stored run, and runs of one seed made on different devices can carry source
-    numbers that differ in the last digits)."""
+    (the source row gets one entry per stored run, and the runs of one seed can carry source numbers that differ in
+    the last digits: Table 1's stored IID runs of seeds 3 and 4, FedTSA's against the other strategies')."""
     rows: Dict[str, Dict[Any, List[Dict[str, float]]]] = {}
     for (name, seed), summary in summaries.items():
         by_domain = summary.get("accuracy_by_domain")
@@ -508,6 +508,7 @@ def case_study_reading(table: pd.DataFrame, shares: pd.DataFrame, same: pd.DataF
     if len(shares) and slot in domains.columns and len(groups) == 3:
         g1, g2, g3 = groups
         same13 = domains.loc[g1, slot] == domains.loc[g3, slot]
+        seen = f"the same corruption ({domains.loc[g1, slot]})" if same13 else "different corruptions"
         size = {g: len(CASE_STUDY_GROUPS[g]) / n_clients for g in groups}
         said = []
         for label in dict.fromkeys(shares.index.get_level_values(0)):
@@ -515,7 +516,7 @@ def case_study_reading(table: pd.DataFrame, shares: pd.DataFrame, same: pd.DataF
             said.append(f"{label}: {g1} → {g3} {s.loc[g1, g3]:.2f}, {g3} → {g1} {s.loc[g3, g1]:.2f}, "
                         f"{g1} → {g2} {s.loc[g1, g2]:.2f}, {g3} → {g2} {s.loc[g3, g2]:.2f}")
         parts.append(f"**Slot {slot}, by group.** The groups {g1} and {g3} see "
-                     f"{'the same corruption (' + str(domains.loc[g1, slot]) + ')' if same13 else 'different corruptions'}"
+                     f"{seen}"
                      f" here; {g2} sees {domains.loc[g2, slot]}"
                      + (f", after seeing {domains.loc[g1, slot]} in slot {slot - 1}" if slot - 1 in domains.columns
                         and domains.loc[g2, slot - 1] == domains.loc[g1, slot] else "")

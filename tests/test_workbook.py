@@ -241,3 +241,26 @@ def test_paired_difference_says_within_seed_noise_when_signs_change_or_below_the
     assert ordering_phrase({"a": 1.0, "b": 3.0, "c": float("nan")}) == "b 3.00 > a 1.00"
     table = per_seed_values({("x", 0): {"accuracy": 1.0}, ("x", 1): {"accuracy": 2.0}, ("y", 1): {"accuracy": 5.0}})
     assert table.loc[1, "y"] == 5.0 and np.isnan(table.loc[0, "y"]) and list(table.index) == [0, 1]
+
+
+def test_case_study_reading_orders_methods_and_reads_the_slot_from_its_tables():
+    from ftta_core.workbook import CASE_STUDY_ALL, case_study_reading
+
+    table = pd.DataFrame({"mean": [70.0, 72.0, 71.0]},
+                         index=pd.MultiIndex.from_tuples([(CASE_STUDY_ALL, "fedavg"), (CASE_STUDY_ALL, "fedtsa"),
+                                                          (CASE_STUDY_ALL, "fedamp")], names=["group", "strategy"]))
+    labels = {"fedavg": "FedAvg", "fedtsa": "FedTSA", "fedamp": "FedAMP"}
+    groups = ["clients 1-4", "clients 5-7", "clients 8-10"]
+    domains = pd.DataFrame({0: ["fog", "snow", "frost"], 1: ["snow", "frost", "snow"]}, index=groups)
+    shares = pd.concat({"FedTSA": pd.DataFrame({"self": [0.2, 0.3, 0.2], "own group (others)": [0.3, 0.3, 0.2],
+                                                "clients 1-4": [np.nan, 0.2, 0.4], "clients 5-7": [0.1, np.nan, 0.2],
+                                                "clients 8-10": [0.4, 0.2, np.nan]}, index=groups)})
+    same = pd.concat({"FedTSA": pd.DataFrame({"self": [0.5] * 10, "same domain": [0.25] * 10,
+                                              "uniform same-domain": [0.5] * 10})})
+    text = case_study_reading(table, shares, same, domains, {"FedTSA": 58.0, "FedAMP": 59.0}, 1, 10, [0], labels)
+    assert "FedTSA 72.00 > FedAMP 71.00 > FedAvg 70.00" in text
+    assert "our order is FedTSA > FedAMP and the paper's FedAMP > FedTSA (different)" in text
+    assert "One seed" in text
+    assert "FedTSA 0.50 (0.56), keeping 0.50 on itself" in text  # 0.25 / (1 - 0.5); 0.5 * 10 / 9
+    assert "the same corruption (snow)" in text and "after seeing snow in slot 0" in text
+    assert "clients 1-4 → clients 8-10 0.40" in text

@@ -1,4 +1,19 @@
-"""Which stream items to label: VeSSAL-style volume sampling (eq. 6) and uniform random selection (same budget)."""
+"""Which stream items to label: VeSSAL-style volume sampling (eq. 6) and uniform random selection (same budget).
+
+Where we differ from FedAcross+'s eq. 6 and from the authors' VeSSAL code (cairo-thws/fed_streaming, ``vessal.py``;
+also listed in ``notebooks/50_fedacross.ipynb``):
+
+- The embedding u is whatever the caller passes; the notebook passes tau = A(f(x)) of the server model (A in eval
+  mode) on the untransformed stream image (``study.support_indices``), where eq. 6 embeds the transformed T(x_t).
+- q_t is the ideal rate (budget - selected) / (n - t), and S^-1 starts at ``init_scale`` * I (100, fed_streaming's
+  ``cov_inv_scaling``) with a Sherman-Morrison update per selected item (fed_streaming's Woodbury update, which is
+  the same for rank-1 embeddings); tr(C S^-1) is kept up to date incrementally (the same quantity up to rounding).
+- p is capped at 1 (fed_streaming compares a uniform draw with the uncapped value: the same decision).
+- Nothing is selected once the budget is spent (fed_streaming keeps its first n picks: the same set); a stream that
+  ends before the budget is spent leaves fewer labels (no random fill-up; fed_streaming has it as ``fill_random``).
+- float64 throughout and every draw from the given ``numpy.random.Generator`` (fed_streaming: float32 on the GPU
+  and the global ``np.random``).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

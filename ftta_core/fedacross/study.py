@@ -167,3 +167,83 @@ def tsne_points(model: FedAcrossNet, images: torch.Tensor, labels: torch.Tensor,
     return pd.DataFrame({"x": xy[:, 0], "y": xy[:, 1],
                          "label": np.concatenate([labels.numpy(), proto_labels.numpy()]).astype(int),
                          "prototype": np.r_[np.zeros(len(emb), bool), np.ones(len(protos), bool)]})
+
+
+def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_avg: pd.DataFrame,
+                      costs: pd.DataFrame, seeds: Sequence[int], paper_avg: Optional[pd.Series] = None) -> str:
+    """The notebook's reading, computed from its tables; differences are paired by seed and called above / below
+    only beyond seed noise (``workbook.paired_difference``).
+
+    ``per_seed_k``: columns k, selection, seed, accuracy (mean over clients; k = 0 is the server's classifier g);
+    ``benefit``: ``new_client_benefit`` rows with a seed column; ``office_avg``: columns k, seed, accuracy (mean over
+    the pairs); ``costs``: ``cost_table`` with a 'bytes_up / full' column; ``paper_avg``: the paper's Office-31
+    average per k."""
+    from ..workbook import difference_phrase, paired_difference
+
+    seeds = list(seeds)
+    g = per_seed_k[per_seed_k.k == 0].groupby("seed").accuracy.mean()
+    shots = per_seed_k[per_seed_k.k > 0]
+    parts = []
+    if len(g) and len(shots):
+        cells = {key: grp.groupby("seed").accuracy.mean() for key, grp in shots.groupby(["k", "selection"])}
+        verdicts = pd.Series({key: paired_difference(acc, g)["verdict"] for key, acc in cells.items()})
+        means = pd.Series({key: acc.mean() for key, acc in cells.items()})
+        counts = verdicts.value_counts()
+        said = {"behind": "below g beyond seed noise", "ahead": "above g beyond seed noise",
+                "within seed noise": "within seed noise of g", "one seed": "untested (one seed)",
+                "equal": "equal to g", "no common seed": "not comparable"}
+        spread = f" ± {g.std(ddof=1):.1f}" if len(g) > 1 else ""
+        ks = sorted({k for k, _ in cells})
+        text = (f"**Prototypes against g.** The server's classifier g without adaptation (k = 0) scores "
+                f"{g.mean():.1f}{spread}% (seeds {seeds}); nearest-prototype inference with a trained A scores "
+                f"{means.min():.1f}-{means.max():.1f}% over k = {', '.join(map(str, ks))} and the selections "
+                f"{', '.join(sorted(shots.selection.unique()))}. "
+                f"Paired by seed against g, the {len(cells)} (k, selection) cells: "
+                + ", ".join(f"{counts[v]} {said[v]}" for v in counts.index) + ".")
+        if counts.get("behind", 0) == len(cells):
+            text += (" Why is not tested here. **Untested hypothesis**: our backbone, trained from random "
+                     "initialisation (its card in `data/checkpoints/fedacross/`) rather than from the paper's "
+                     "ImageNet weights, gives features whose classes a few labelled images per class cannot "
+                     "separate; no run here compares backbones.")
+        parts.append(text)
+        by_sel = {sel: grp.groupby(["seed", "k"]).accuracy.mean().unstack() for sel, grp in shots.groupby("selection")}
+        if "vessal" in by_sel and "random" in by_sel:
+            v, r = by_sel["vessal"], by_sel["random"]
+            parts.append("**VeSSAL against random selection** (same label budget): "
+                         + "; ".join(f"k = {k}: {difference_phrase(v[k], r[k], 'VeSSAL', 'random')}"
+                                     for k in v.columns if k in r.columns) + ".")
+    if len(benefit):
+        b = benefit.groupby(["steps", "start", "seed"]).accuracy.mean().unstack("start")
+        if {"merged A (FedAvg)", "server A"} <= set(b.columns):
+            steps = sorted(b.index.get_level_values("steps").unique())
+            phrase = {s: difference_phrase(b.loc[s, "merged A (FedAvg)"], b.loc[s, "server A"], "merged A",
+                                           "server A") for s in steps}
+            verdicts = pd.Series({s: paired_difference(b.loc[s, "merged A (FedAvg)"], b.loc[s, "server A"])["verdict"]
+                                  for s in steps})
+            counts = verdicts.value_counts()
+            said = {"behind": "behind beyond seed noise", "ahead": "ahead beyond seed noise",
+                    "one seed": "untested (one seed)", "no common seed": "not comparable"}
+            parts.append(f"**A joining client** starting from the FedAvg-merged A against the server's A, over "
+                         f"{', '.join(map(str, steps))} optimiser steps: the merged A is "
+                         + ", ".join(f"{said.get(v, v)} at {counts[v]}" for v in counts.index)
+                         + f" of {len(steps)} step counts (at {steps[0]}: {phrase[steps[0]]}; at {steps[-1]}: "
+                         f"{phrase[steps[-1]]}).")
+    if len(office_avg):
+        by_k = office_avg.groupby("k").accuracy.mean()
+        done = by_k.dropna()
+        text = (f"**Office-Caltech-10**: the mean over pairs is "
+                + " → ".join(f"{a:.1f}" for a in done) + f" for k = {', '.join(map(str, done.index))}")
+        missing = [k for k in by_k.index if k not in done.index]
+        if missing:
+            text += (f" (k = {', '.join(map(str, missing))}: not run for a pair whose target domain has a class "
+                     "with at most k images)")
+        known = paper_avg.dropna() if paper_avg is not None else []
+        if len(known):
+            text += ("; the paper's Office-31 average (ImageNet weights, 224 px): "
+                     + ", ".join(f"k = {k}: {a:.1f}" for k, a in known.items()))
+        parts.append(text + ".")
+    if len(costs) and "bytes_up / full" in costs:
+        row = costs.iloc[0]
+        parts.append(f"**Cost**: a client trains {int(row['parameters_trained']):,} parameters and sends "
+                     f"{100 * row['bytes_up / full']:.1f}% of the bytes full fine-tuning would.")
+    return "\n\n".join(parts) if parts else "No stored results to read."

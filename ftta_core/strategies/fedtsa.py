@@ -1,5 +1,21 @@
 """FedTSA / TSA (Zhang et al., KDD 2024): collaboration weights from a temporal-spatial attention block trained on
-the server each round on a bounded memory of the clients' source-feature indicators."""
+the server each round on a bounded memory of the clients' source-feature indicators.
+
+Where we differ from the paper (also listed in ``notebooks/11_fedtsa_ablations.ipynb``):
+
+- Eq. 18 with squared norms: the loss is ``MSE(X_TSA, X) + lam * MSE(X_TSA, X_TSA')`` (``round_mse``), as in the
+  authors' code (``F.mse_loss``); the paper writes unsquared norms.
+- One spatial mask for the whole window: the augmented pass masks the spatial attention of all T steps with one
+  [N, N] mask M^spa, sampled from the current step's spatial attention and M^cur (``FedTSA._masks``); Eq. 17 indexes
+  the mask by step (M^spa_t). The authors' code does the same as ours (its [N, N] mask broadcasts over T).
+- Variant 'S-sim': W = row softmax of the cosine similarity of the current indicators, untrained. The FedCTTA
+  authors' fork of the FedTSA code (rajibrhasan/FedCTTA, ``S_similarity``) uses the untrained, identity-initialised
+  spatial attention instead: the row softmax of x_i . x_j / sqrt(D) of the current indicators (not cosines).
+- ``augmentation='count'`` adds ``int(non_edges * edge_add)`` non-edges with ``edge_add = 0.2``. The authors' code
+  computes that share as ``1 - 0.8`` (0.19999999999999996), so it adds one edge fewer whenever the number of
+  non-edges is a multiple of 5; we do not reproduce this artefact. The default (paper) augmentation is 'bernoulli',
+  where no count is involved.
+"""
 from __future__ import annotations
 
 import time

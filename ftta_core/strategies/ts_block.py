@@ -4,6 +4,15 @@ Shapes: a memory window X [T, N, D] (T steps, oldest first; N clients; D indicat
 computed per client over its T steps ([N, T, T]), spatial attention per step over the N clients ([T, N, N]).
 Masks are boolean: True = the entry takes part in the attention. A block of R rounds (``TSBlock(rounds=R)``) trains
 R independent blocks at once on windows [R, T, N, D]; every shape above then gains a leading R.
+
+Where we differ from the paper (see also ``strategies/fedtsa.py``):
+
+- ``TSBlock.forward`` applies an [N, N] spatial mask to the spatial attention of every step of the window (FedTSA
+  passes the one mask it samples from the current step); Eq. 17 writes a mask M^spa_t per step t. The authors' code
+  broadcasts its [N, N] mask over T the same way.
+- ``sample_spatial_mask(augmentation='count')`` adds ``int(non_edges * edge_add)`` non-edges (default
+  ``edge_add = 0.2``). The authors' ``aug_spatiol`` uses ``add_percent = 1 - 0.8`` = 0.19999999999999996, which adds
+  one fewer whenever the number of non-edges is a multiple of 5 (10 non-edges: 1, not 2); not reproduced here.
 """
 from __future__ import annotations
 

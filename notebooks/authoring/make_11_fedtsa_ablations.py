@@ -100,7 +100,7 @@ def strategy_grid(cfg, strategies):
     return strategy_comparison(cfg, strategies, seeds, results_dir=results_dir, only_cached=not compute)
 
 
-label = lambda s: METHOD_LABELS.get(s, s)  # noqa: E731
+shown_as = lambda s: METHOD_LABELS.get(s, s)  # noqa: E731
 claims = {}  # one computed line per paper claim, gathered in "Reading it"
 
 
@@ -111,7 +111,7 @@ def by_seed(table):
 
 def seed_counts(table):
     n = table.groupby("variant", sort=False).seed.nunique()
-    return ", ".join(f"{label(v)} {k}" for v, k in n.items())
+    return ", ".join(f"{shown_as(v)} {k}" for v, k in n.items())
 """),
     ("md", """
 ## Fig 3: ablation of FedTSA's parts
@@ -142,10 +142,14 @@ lines = []
 for setting, g in fig3.groupby("setting", sort=False):
     ps = by_seed(g)
     pairs = [(a, b) for a, b in FIG3_PAIRS if a in ps and b in ps]
-    verdicts = [paired_difference(ps[a], ps[b])["verdict"] for a, b in pairs]
-    holds = sum(v == "ahead" for v in verdicts)
-    claims[f"Fig 3, {setting}"] = (f"'A beats B' holds beyond seed noise for {holds} of {len(pairs)} pairs; "
-                                   f"best variant {ps.mean().idxmax()}")
+    verdicts = pd.Series([paired_difference(ps[a], ps[b])["verdict"] for a, b in pairs], dtype=object)
+    counts = verdicts.value_counts()
+    said = {"ahead": "ahead beyond seed noise", "behind": "behind beyond seed noise", "equal": "equal",
+            "within seed noise": "within seed noise", "one seed": "untested (one seed, no spread)",
+            "no common seed": "not comparable (no common seed)"}
+    claims[f"Fig 3, {setting}"] = (f"of the paper's {len(pairs)} pairs 'A beats B', A is "
+                                   + ", ".join(f"{said[v]} in {counts[v]}" for v in counts.index)
+                                   + f"; the best variant is {ps.mean().idxmax()}")
     lines.append(f"- **{setting}** (seeds per variant: {seed_counts(g)}): {ordering_phrase(ps.mean())}. "
                  f"Paired by seed: " + "; ".join(difference_phrase(ps[a], ps[b], a, b) for a, b in pairs) + ".")
 display(Markdown("\\n".join(lines) if lines else "No stored Fig 3 runs."))
@@ -186,25 +190,27 @@ def trend_reading(table, field):
         return f"No stored runs over {field.upper()}."
     m = table.groupby([field, "variant"]).accuracy.mean().unstack().dropna()
     if len(m) < 2:
+        claims[f"Fig 4, {field.upper()}"] = "fewer than two points with every strategy stored"
         return f"Fewer than two {field.upper()} points have every strategy stored: no trend to read."
     first, last = m.index[0], m.index[-1]
     change = (m.loc[last] - m.loc[first]).sort_values()
     falls = [s for s in m.columns if (m[s].diff().dropna() < 0).all()]
     best = m.idxmax(axis=1)
-    text = (f"From {field.upper()} = {first:g} to {last:g}: " + ", ".join(f"{label(s)} {change[s]:+.2f}" for s in
-                                                                       change.index)
-            + f" points; {int((change < 0).sum())} of {len(change)} strategies end lower, the largest change is "
-            f"{label(change.idxmin())}'s, and accuracy falls at every step for "
-            f"{', '.join(map(label, falls)) or 'none of them'}. The best strategy per point: "
-            + ", ".join(f"{v:g} {label(best[v])}" for v in m.index) + ".")
+    text = (f"From {field.upper()} = {first:g} to {last:g}: "
+            + ", ".join(f"{shown_as(s)} {change[s]:+.2f}" for s in change.index)
+            + f" points; {int((change < 0).sum())} of {len(change)} strategies end lower, the lowest change is "
+            f"{shown_as(change.idxmin())}'s, and accuracy falls at every step for "
+            f"{', '.join(map(shown_as, falls)) or 'none of them'}. The best strategy per point: "
+            + ", ".join(f"{v:g} {shown_as(best[v])}" for v in m.index) + ".")
     if {"fedtsa", "fedavg"} <= set(m.columns):
-        text += f" At {field.upper()} = {first:g}, FedTSA − FedAvg = {m.loc[first, 'fedtsa'] - m.loc[first, 'fedavg']:+.2f}."
+        gap = m.loc[first, "fedtsa"] - m.loc[first, "fedavg"]
+        text += f" At {field.upper()} = {first:g}, FedTSA − FedAvg = {gap:+.2f}."
     n = int(table.groupby([field, "variant"]).seed.nunique().max())
     if n < 2:
         text += " One seed per point: these differences are not tested against seed noise"
         text += (f" (for scale, FedTSA's seed spread on Table 1's NIID protocol, Fig 3 above, is {fedtsa_spread:.2f})."
                  if fedtsa_spread is not None and fedtsa_spread == fedtsa_spread else ".")
-    claims[f"Fig 4, {field.upper()}"] = (f"largest change from {first:g} to {last:g}: {label(change.idxmin())} "
+    claims[f"Fig 4, {field.upper()}"] = (f"lowest change from {first:g} to {last:g}: {shown_as(change.idxmin())} "
                                          f"({change.min():+.2f}); FedTSA best at "
                                          f"{int((best == 'fedtsa').sum())} of {len(best)} points")
     return text
@@ -285,21 +291,23 @@ def table_reading(name, ours, summaries):
     if ps.empty or "fedtsa" not in ps:
         return f"**{name}**: no stored FedTSA run."
     side = beside_per_corruption(ours, name).drop(index="No-Adapt", errors="ignore")
-    text = (f"**{name}** (seeds per method: " + ", ".join(f"{label(m)} {ps[m].notna().sum()}" for m in ps) + "): "
-            f"ours {ordering_phrase(ps.mean().rename(index=label))}; the paper's "
-            f"{ordering_phrase(side['paper'])}. Paired by seed: "
-            + "; ".join(difference_phrase(ps["fedtsa"], ps[m], "FedTSA", label(m)) for m in ps if m != "fedtsa") + ".")
+    others = [m for m in ps if m != "fedtsa"]
+    text = (f"**{name}** (seeds per method: " + ", ".join(f"{shown_as(m)} {ps[m].notna().sum()}" for m in ps) + "): "
+            f"ours {ordering_phrase(ps.mean().rename(index=shown_as))}; the paper's {ordering_phrase(side['paper'])}.")
+    if others:
+        text += (" Paired by seed: "
+                 + "; ".join(difference_phrase(ps["fedtsa"], ps[m], "FedTSA", shown_as(m)) for m in others) + ".")
     corr = [c for c in ours.columns if c not in ("mean", "seeds")]
     if corr:
         mine = ours.drop(index="No-Adapt", errors="ignore")[corr].astype(float).idxmax()
         paper = paper_table(name)
         paper = paper[(paper.corruption != "mean") & (paper.method != "No-Adapt")]
         theirs = paper.pivot_table(index="method", columns="corruption", values="accuracy").idxmax()
+        rest = ", ".join(f"{shown_as(m)} {k}" for m, k in mine.value_counts().items() if m != "fedtsa")
         text += (f" Best method per corruption (rows average the seeds in the `seeds` column): FedTSA on "
-                 f"{int((mine == 'fedtsa').sum())} of {len(mine)} corruptions here, "
-                 + ", ".join(f"{label(m)} {k}" for m, k in mine.value_counts().items() if m != "fedtsa")
-                 + f"; in the paper FedTSA on {int((theirs == 'FedTSA').sum())} of {len(theirs)}.")
-    top = label(ps.mean().idxmax())
+                 f"{int((mine == 'fedtsa').sum())} of {len(mine)} corruptions here{', ' + rest if rest else ''}; "
+                 f"in the paper FedTSA on {int((theirs == 'FedTSA').sum())} of {len(theirs)}.")
+    top = shown_as(ps.mean().idxmax())
     claims[name] = f"highest mean here {top}; in the paper {side['paper'].idxmax()}"
     return text
 

@@ -17,6 +17,23 @@ nearest prototype (eq. 5). FedAcross+ fills the support set from the client's st
 CPU budget (see the card in `data/checkpoints/fedacross/`); clients train A on cached backbone features (f is
 frozen), without client-side augmentation. Everything is in `ftta_core.fedacross` and `ftta_core.flower`.
 """),
+    ("md", """
+## Where we differ from the paper (FedAcross+)
+- **Backbone**: torchvision ResNet-18 trained by us on CIFAR-10 from random initialisation (the paper: ResNet-34 /
+  ResNet-50 with ImageNet weights); on Office-Caltech-10 the backbone starts from that CIFAR-10 model.
+- **No client-side transformation T**: clients train A (eq. 3) on cached backbone features of the unaugmented
+  support images (`ClientSpec`); the paper transforms every support image with T.
+- **VeSSAL (eq. 6, `ftta_core/fedacross/sampling.py`)**: the embedding is tau = A(f(x)) of the server model (A in
+  eval mode) on the *untransformed* stream image (eq. 6 embeds T(x_t)); q_t is the ideal rate
+  (budget − selected) / (n − t) and Sigma^-1 starts at 100 I with a Sherman-Morrison update per selected item, as in
+  the authors' VeSSAL code (cairo-thws/fed_streaming, `cov_inv_scaling=100`); p_t is capped at 1. Selection stops
+  once the budget of k x 10 labels is spent (fed_streaming keeps the first n picks: the same set); when the stream
+  ends first the support set stays smaller (no random fill-up, which fed_streaming offers as an option; the
+  `labels` column of `by_k` counts the labels each cell used). Sums in float64; every draw from a seeded generator.
+- **Office**: Office-Caltech-10 (10 classes) at 32 x 32 px instead of Office-31 (31 classes) at 224 px.
+- **Budget**: `n_stream` stream items per client; the k-shot `balanced` set needs the labels in advance (the paper's
+  static support set), `random` and `vessal` label stream items.
+"""),
     ("params", """
 # smoke=True (or FTTA_SMOKE=1): tiny sizes, nothing written to figures/
 smoke = False
@@ -51,7 +68,7 @@ from ftta_core.fedacross import (ClientSpec, PretrainSpec, build_model, load_fed
                                  untrained_fedacross)
 from ftta_core.fedacross.office import beside_paper, office_table
 from ftta_core.fedacross.study import (accuracy_vs_k, cifar10c_clients, client_features, cost_table,
-                                       new_client_benefit, support_indices, tsne_points)
+                                       fedacross_reading, new_client_benefit, support_indices, tsne_points)
 from ftta_core.flower import run_engine_on_flower, run_fedacross_on_flower
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import paper_table
@@ -187,29 +204,14 @@ if out is not None:
     costs.to_csv(out / "cost_per_client.csv")
 costs
 """),
+    ("md", """
+## Reading it
+Computed from the tables above (`fedacross.study.fedacross_reading`): differences are paired by seed and called above
+or below only beyond seed noise.
+"""),
     ("code", """
-# The reading below is computed from this run's tables (seeds, sizes and numbers follow the parameters).
-source_acc = per_seed_k[per_seed_k.k == 0].accuracy
-shots = summary.drop(index=0, errors="ignore")
-below = shots.max().max() < source_acc.mean()
-gap = (summary["vessal"] - summary["random"]).drop(index=0, errors="ignore")
-noise = spread.drop(index=0, errors="ignore")[["vessal", "random"]].max(axis=1)
-join = benefit.groupby(["steps", "start"]).accuracy.mean().unstack()
-office_k = office_avg.groupby("k").accuracy.mean()
 paper_avg = side.loc["Avg", "paper Office-31 (%)"] if "Avg" in side.index.get_level_values(0) else None
-display(Markdown(f'''## Reading it
-Nearest-prototype inference with a trained A scores {shots.min().min():.1f}-{shots.max().max():.1f}% on the
-CIFAR-10-C clients for k = {", ".join(str(k) for k in shots.index)}, against {source_acc.mean():.1f} ± {source_acc.std(ddof=1) if len(source_acc) > 1 else 0:.1f}
-for the server's own classifier g without adaptation (seeds {seeds}).
-{"The k-shot prototypes stay *below* g: a few labelled images per class cannot rebuild class structure that our backbone's features lack (it is trained by us from random initialisation, see its card; the paper starts from ImageNet weights), compare the t-SNE panels (b) and (c)." if below else "The k-shot prototypes beat g, as the paper reports."}
-VeSSAL minus random selection: {", ".join(f"k={k}: {g:+.1f}" for k, g in gap.items())} points, against a seed spread
-of up to {noise.max():.1f}. A joining client starting from the FedAvg-merged A scores
-{join.iloc[0]["merged A (FedAvg)"]:.1f} after {join.index[0]} steps and {join.iloc[-1]["merged A (FedAvg)"]:.1f} after
-{join.index[-1]}, against {join.iloc[0]["server A"]:.1f} and {join.iloc[-1]["server A"]:.1f} from the server's A. On
-Office-Caltech-10 the mean over pairs moves {" -> ".join(f"{a:.1f}" for a in office_k.dropna())} for
-k = {", ".join(str(k) for k in office_k.dropna().index)}{f" (the paper's Office-31 average at k = 5: {paper_avg.get(5, float('nan')):.1f}, from ImageNet weights at 224 px)" if paper_avg is not None else ""}.
-A client trains and sends {100 * costs["bytes_up / full"].iloc[0]:.1f}% of what full fine-tuning would.
-'''))
+display(Markdown(fedacross_reading(per_seed_k, benefit, office_avg, costs, seeds, paper_avg)))
 """),
     ("md", """
 ## On Flower (flwr 1.41, Message API)
