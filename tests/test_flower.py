@@ -38,7 +38,8 @@ def test_flower_adapter_equals_loop_engine(strategy):
                            device="cpu", max_steps=3, seed=0)
     stream = build_stream(cfg, "cpu")
     run = run_engine_on_flower(cfg, stream=stream)
-    assert run.messages == 3 * 2 * 4
+    assert run.messages == (3 + 1) * 4  # one message per client per step (mix of t-1 + batch t), one final
+    assert run.record["status"] == "finished" and not any(map(any, run.record["absent"] + run.record["rejected"]))
     weights, logits = _engine_logits(cfg, stream, 3)
     np.testing.assert_allclose(np.stack(run.weights), weights, atol=TOLERANCE, rtol=0)
     flower_logits = torch.stack(run.logits)

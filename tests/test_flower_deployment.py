@@ -4,24 +4,15 @@
 (a ``--simulation`` SuperLink, Ray). The deployed run's per-step per-client correct counts must equal ``run_experiment``'s on the loop
 backend (same seed and stream), W and the mixed models' logits must agree to ``TOLERANCE``.
 
-Every process the test starts is started in its own session and its whole process group (the SuperExec, ServerApp
-and ClientApp processes Flower spawns beneath it) is terminated, then killed, in ``finally``.
-Flower 1.41's ``flower-supernode`` has no ``--disable-runtime-dependency-installation`` flag (it rejects it): on the
-SuperNode runtime installation is off unless ``--allow-runtime-dependency-installation`` is given, so the test
-passes the disable flag to the SuperLink only and never the allow flag to the SuperNodes.
+The processes are started and stopped by ``ftta_core.flower.loopback.Loopback`` (each in its own session; its
+whole process group terminated, then killed, in ``finally``; see its docstring for the SuperNode flags).
+The ServerApp rewrites its record after every step; the test waits for its ``status`` to leave ``running``.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Optional
 
 import numpy as np
 import pytest
@@ -30,112 +21,70 @@ import torch
 from ftta_core.engine.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream, local_params, run_experiment, strategy_params
 from ftta_core.flower import run_inprocess
-from ftta_core.flower.deploy import APP_DIR, client_app, run_config_of, server_app
+from ftta_core.flower.deploy import client_app, run_config_of, server_app
+from ftta_core.flower.loopback import Loopback, cli_available, read_record
 from ftta_core.rng import derive_seed
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 
-BIN = Path(sys.executable).parent
 TOLERANCE = 1e-5  # max |W| and |logit| difference; correct counts must be equal. Observed: 0.
 CLIENTS, STEPS = 2, 2
-START_TIMEOUT = 120.0  # SuperLink listening / SuperNodes registered
 RUN_TIMEOUT = 900.0  # the whole run (each message starts a fresh ClientApp process: ~10 s each on a busy CPU)
 
-needs_cli = pytest.mark.skipif(not (BIN / "flower-superlink").exists() or not (BIN / "flower-supernode").exists(),
+needs_cli = pytest.mark.skipif(not cli_available(),
                                 reason="flwr's flower-superlink / flower-supernode not installed next to python")
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def engine_reference(cfg: ExperimentConfig, stream, steps: int, absent_from: Optional[Dict[int, int]] = None):
+    """The loop engine step by step: W [T, N, N], correct counts after mixing [T, N] and the mixed models' logits
+    [T, N, B, K]. ``absent_from`` {client: step}: that client is absent (partial participation: no weight in W,
+    keeps its own model) from that step on."""
+    torch.manual_seed(derive_seed(cfg.seed, "engine"))
+    engine = Engine(load_source_model(cfg.model_name), build_local(cfg.local, **local_params(cfg)),
+                    build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, "loop", "cpu")
+    if absent_from:
+        def present(step: int) -> torch.Tensor:
+            return torch.tensor([step < absent_from.get(i, steps + 1) for i in range(cfg.clients)])
 
-
-def _tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except FileNotFoundError:
-        return "(no output)"
-
-
-class Processes:
-    """Started processes with their logs; ``stop`` terminates then kills each one's process group."""
-
-    def __init__(self, workdir: Path, env: Dict[str, str]) -> None:
-        self.workdir, self.env = workdir, env
-        self.procs: List[tuple] = []
-
-    def start(self, name: str, args: List[str]) -> subprocess.Popen:
-        log = self.workdir / f"{name}.log"
-        with log.open("wb") as fh:
-            proc = subprocess.Popen([str(BIN / args[0]), *args[1:]], stdout=fh, stderr=subprocess.STDOUT,
-                                    cwd=self.workdir, env=self.env, start_new_session=True)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def report(self) -> str:
-        return "\n".join(f"--- {name} (pid {p.pid}, exit {p.poll()}) last lines of {log}:\n{_tail(log)}"
-                         for name, p, log in self.procs)
-
-    def check_alive(self) -> None:
-        dead = [name for name, p, _ in self.procs if p.poll() is not None]
-        if dead:
-            pytest.fail(f"{dead} exited early\n{self.report()}")
-
-    def stop(self) -> None:
-        for _, proc, _ in reversed(self.procs):
-            self._signal(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for _, proc, _ in reversed(self.procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            self._signal(proc, signal.SIGKILL)  # the group: children that outlived their parent too
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-
-    @staticmethod
-    def _signal(proc: subprocess.Popen, sig: int) -> None:
-        try:
-            os.killpg(proc.pid, sig)  # start_new_session: the group id is the started process's id
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _wait(what: str, cond, timeout: float, procs: Processes, interval: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        procs.check_alive()
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{procs.report()}")
-        time.sleep(interval)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(1)
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def _toml_value(v) -> str:
-    return json.dumps(v) if isinstance(v, str) else repr(v)  # a JSON string is a TOML basic string
+        engine.present = present
+    weights, correct, logits = [], [], []
+    for t in range(steps):
+        batch = stream.batch(t)
+        res = engine.step(batch)
+        weights.append(res.weights)
+        correct.append(res.correct_mixed)
+        logits.append(engine.local.predict(engine.bank, batch.images).logits)
+    return np.stack(weights), np.stack(correct), torch.stack(logits)
 
 
 def _engine_logits(cfg: ExperimentConfig, stream, steps: int) -> torch.Tensor:
     """The loop engine's mixed models' logits per step [T, N, B, K]."""
-    torch.manual_seed(derive_seed(cfg.seed, "engine"))
-    engine = Engine(load_source_model(cfg.model_name), build_local(cfg.local, **local_params(cfg)),
-                    build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, "loop", "cpu")
-    out = []
-    for t in range(steps):
-        batch = stream.batch(t)
-        engine.step(batch)
-        out.append(engine.local.predict(engine.bank, batch.images).logits)
-    return torch.stack(out)
+    return engine_reference(cfg, stream, steps)[2]
+
+
+def wait_for_end(net: Loopback, out, run_id: int, timeout: float, expect_dead: tuple = ()) -> dict:
+    """Wait until the record at ``out`` leaves status 'running' and Flower's run is finished; returns the record
+    with Flower's run status under 'flower_status'."""
+    def ended() -> bool:
+        record = read_record(out)
+        if record is not None and record["status"] != "running":
+            return True
+        if "Traceback" in net.log("superlink"):  # the ServerApp failed before writing its record: fail now
+            raise AssertionError(f"run {run_id}: the ServerApp raised\n{net.report()}")
+        return False
+
+    net.wait(f"run {run_id} to end (record {out})", ended, timeout, interval=1, expect_dead=expect_dead)
+    record = read_record(out)
+    status: dict = {}
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # Flower records the ServerApp's outcome once its process exits
+        status = net.run_status(run_id)
+        if str(status.get("status", "")).startswith("finished"):
+            break
+        time.sleep(1)
+    record["flower_status"] = status
+    return record
 
 
 def test_deploy_apps_in_process_keep_client_state_in_context(tmp_path):
@@ -172,56 +121,23 @@ def test_engine_adapter_on_flower_simulation_engine(tmp_path):
 def _deploy_and_compare(tmp_path, simulation: bool) -> None:
     cfg = ExperimentConfig(dataset="embedded_digits", clients=CLIENTS, local="bn", strategy="fedavg",
                            backend="loop", device="cpu", max_steps=STEPS, seed=0)
-    home, out = tmp_path / "flwr-home", tmp_path / "result.json"
-    home.mkdir()
-    env = dict(os.environ, FLWR_HOME=str(home), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")  # Flower spawns flower-superexec etc. by name
-    link = _free_port()
-    node_ports = [_free_port() for _ in range(CLIENTS)]
-    # the connection `flwr run` uses (the SuperLink serves its Control, Fleet and Runtime APIs on one HTTP port)
-    (home / "config.toml").write_text(f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-                                      f'address = "127.0.0.1:{link}"\ninsecure = true\n')
-    overrides = dict(run_config_of(cfg, STEPS), timeout=RUN_TIMEOUT, out=str(out))
-    (tmp_path / "run-config.toml").write_text("".join(f"{k} = {_toml_value(v)}\n" for k, v in overrides.items()))
-
-    procs = Processes(tmp_path, env)
+    out = tmp_path / "result.json"
     t0 = time.monotonic()
-    try:
-        procs.start("superlink", ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
-                                  "--port", str(link)] + (["--simulation"] if simulation else []))
-        _wait(f"the SuperLink to listen on 127.0.0.1:{link}", lambda: _listening(link), START_TIMEOUT, procs)
-        for i, port in enumerate([] if simulation else node_ports):
-            procs.start(f"supernode{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{link}",
-                                          "--port", str(port), "--node-config", f"client={i}"])
-        link_log = tmp_path / "superlink.log"
+    with Loopback(tmp_path) as net:
+        net.start_superlink(simulation=simulation)
         if not simulation:
-            _wait(f"{CLIENTS} SuperNodes to register",
-                  lambda: link_log.read_text(errors="replace").count("Activated node_id") >= CLIENTS, START_TIMEOUT,
-                  procs)
-        sim = ["--federation-config", f"num-supernodes={CLIENTS}"] if simulation else []
-        run = subprocess.run([str(BIN / "flwr"), "run", str(APP_DIR), "loopback", "--run-config",
-                              str(tmp_path / "run-config.toml"), "--format", "json", *sim],
-                             capture_output=True, text=True, env=env, cwd=tmp_path, timeout=START_TIMEOUT)
-        if run.returncode != 0 or '"success": true' not in run.stdout:
-            pytest.fail(f"flwr run failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}\n{procs.report()}")
-        run_id = json.loads(run.stdout[run.stdout.index("{"):])["run-id"]
-
-        def finished() -> bool:
-            if out.exists():
-                return True
-            if "Traceback" in link_log.read_text(errors="replace"):  # the ServerApp failed: fail now, not at timeout
-                pytest.fail(f"run {run_id}: the ServerApp raised\n{procs.report()}")
-            return False
-
-        _wait(f"run {run_id} to write {out}", finished, RUN_TIMEOUT, procs, interval=2)
-        record = json.loads(out.read_text())
-    finally:
-        procs.stop()
+            for i in range(CLIENTS):
+                net.start_supernode(f"supernode{i}", i)
+            net.wait_registered(CLIENTS)
+        run_id = net.submit(dict(run_config_of(cfg, STEPS), timeout=RUN_TIMEOUT, out=str(out)),
+                            federation_config=f"num-supernodes={CLIENTS}" if simulation else "")
+        record = wait_for_end(net, out, run_id, RUN_TIMEOUT)
     wall = time.monotonic() - t0
-    alive = [name for name, p, _ in procs.procs if p.poll() is None]
-    assert not alive, f"still running after stop: {alive}"
+    assert not net.alive(), f"still running after stop: {net.alive()}"
 
-    assert record["nodes"] == CLIENTS and record["messages"] == 2 * STEPS * CLIENTS
+    assert record["status"] == "finished", record["status"]
+    assert record["flower_status"].get("status") == "finished:completed", record["flower_status"]
+    assert record["nodes"] == CLIENTS and record["messages"] == (STEPS + 1) * CLIENTS
     assert record["bytes_up"] > 0 and record["bytes_down"] > 0
     stream = build_stream(cfg, "cpu")
     res = run_experiment(cfg, stream=stream)

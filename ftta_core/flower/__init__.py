@@ -2,11 +2,29 @@
 
 Runs in process through ``LocalGrid``, and on Flower's simulation engine (Ray) or a
 real deployment (``flower-superlink`` + ``flower-supernode`` + ``flwr run ftta_core/flower/app``) through
-``ftta_core.flower.deploy`` (not imported here; see the README's "Deploying a strategy across machines with Flower").
+``ftta_core.flower.deploy`` (see the README's "Deploying a strategy across machines with Flower").
+The names below are imported on first use: a ClientApp process (one per message in a deployment) that imports
+``ftta_core.flower.deploy`` does not pay for FedAcross+'s torchvision.
 """
-from .engine_app import FlowerRun, engine_client_app, engine_server_app, run_engine_on_flower
-from .fedacross_app import FedAcrossRun, fedacross_client_app, fedacross_server_app, run_fedacross_on_flower
-from .grid import LocalGrid, run_inprocess
+from importlib import import_module
+from typing import Any
 
-__all__ = ["FlowerRun", "FedAcrossRun", "LocalGrid", "engine_client_app", "engine_server_app", "fedacross_client_app",
-           "fedacross_server_app", "run_engine_on_flower", "run_fedacross_on_flower", "run_inprocess"]
+_WHERE = {"FlowerRun": "engine_app", "FlowerServer": "engine_app", "StopRun": "engine_app",
+          "engine_client_app": "engine_app", "engine_server_app": "engine_app", "run_engine_on_flower": "engine_app",
+          "FedAcrossRun": "fedacross_app", "fedacross_client_app": "fedacross_app",
+          "fedacross_server_app": "fedacross_app", "run_fedacross_on_flower": "fedacross_app",
+          "LocalGrid": "grid", "run_inprocess": "grid"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))

@@ -9,26 +9,27 @@ In a deployment every message is handled by a fresh ``flwr-clientapp`` process, 
 model copy, the local method's and the strategy's client-side state, the torch RNG) is pickled into the node's
 persistent ``context.state`` after each message and restored before the next. The stream is rebuilt from the
 run config on the node (each node only reads its own row). Clients evaluate their own predictions and report
-per-step correct counts; the ServerApp waits for ``clients`` nodes, runs the steps (``server_step``: uploads
--> W -> personalised mix) and, when the run config names ``out``, writes a JSON record there.
+per-step correct counts. The ServerApp (``engine_app.FlowerServer``) waits up to ``timeout`` for ``clients``
+nodes, runs the steps (one message per client per step: the previous step's mixed row + the next batch's
+upload; uploads checked, W, personalised mix) and, when the run config names ``out``, rewrites a JSON record there
+after every step (``status``: running / finished / stopped: reason). A client that does not answer a step within
+``timeout`` (or whose SuperNode goes offline) is absent at that step; below ``min-clients`` answers (default 0 =
+all ``clients``) the run stops: the record says why and the ServerApp raises, so Flower marks the run failed.
 """
 from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, Mapping
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from ..experiment import ExperimentConfig, build_stream, strategy_params
-from ..strategies import build_strategy
-from .engine_app import EngineClient, server_step
-from .records import from_record, record_bytes, to_record
+from ..experiment import ExperimentConfig, build_stream
+from .engine_app import EngineClient, FlowerServer, client_reply
 
 APP_DIR = Path(__file__).resolve().parent / "app"  # the Flower app folder to pass to ``flwr run``
 
@@ -98,47 +99,17 @@ def _save_client(context: Context, client: EngineClient) -> None:
 client_app = ClientApp()
 
 
-@client_app.train()
-def _train(msg: Message, context: Context) -> Message:
+def _handle(msg: Message, context: Context) -> Message:
+    """One round of the step protocol (``engine_app.client_reply``) with the client restored from and saved to
+    the node's ``context.state``."""
     client = _load_client(context)
-    out = client.train(int(msg.content["config"]["step"]))
+    reply = client_reply(client, msg)
     _save_client(context, client)
-    return Message(RecordDict({"state": to_record(out["state"]), "uploads": to_record(out["uploads"]),
-                               "meta": ConfigRecord({"client": client.client, "n": int(client.x.shape[1])})}),
-                   reply_to=msg)
+    return reply
 
 
-@client_app.evaluate()
-def _evaluate(msg: Message, context: Context) -> Message:
-    client = _load_client(context)
-    logits = client.receive_and_predict(from_record(msg.content["mixed"]))
-    _save_client(context, client)
-    correct = int((logits.argmax(-1) == client.y.to(logits.device)).sum())
-    return Message(RecordDict({"logits": to_record({"logits": logits}),
-                               "meta": ConfigRecord({"client": client.client, "correct": correct})}), reply_to=msg)
-
-
-def _exchange(grid: Grid, msgs: List[Message], timeout: float, what: str) -> List[Message]:
-    """send_and_receive that fails loudly on missing or error replies."""
-    replies = list(grid.send_and_receive(msgs, timeout=timeout))
-    errors = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in replies if m.has_error()]
-    if errors:
-        raise RuntimeError(f"{what}: ClientApp error(s): " + "; ".join(errors))
-    if len(replies) != len(msgs):
-        raise RuntimeError(f"{what}: {len(replies)} of {len(msgs)} replies within {timeout}s")
-    return replies
-
-
-def _wait_for_nodes(grid: Grid, n: int, timeout: float) -> List[int]:
-    start = time.monotonic()
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= n:
-            return nodes
-        if time.monotonic() - start > timeout:
-            raise RuntimeError(f"only {len(nodes)} of {n} SuperNodes connected after {timeout}s")
-        time.sleep(0.5)
-
+client_app.train()(_handle)
+client_app.evaluate()(_handle)
 
 server_app = ServerApp()
 
@@ -147,39 +118,9 @@ server_app = ServerApp()
 def _main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     cfg = config_from_run_config(rc)
-    steps = int(rc.get("steps", 3))
-    timeout = float(rc.get("timeout", 600))
-    strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
-    nodes = _wait_for_nodes(grid, cfg.clients, timeout)
-    strategy.reset(cfg.clients)
-    record: Dict[str, Any] = {"config": run_config_of(cfg, steps), "nodes": len(nodes), "weights": [], "logits": [],
-                              "correct": [], "bytes_up": 0, "bytes_down": 0, "messages": 0}
-    clients_seen: Dict[int, int] = {}
-    for t in range(steps):
-        msgs = [grid.create_message(RecordDict({"config": ConfigRecord({"step": t})}), "train", nid, str(t))
-                for nid in nodes]
-        replies = _exchange(grid, msgs, timeout, f"step {t} train")
-        ids = sorted(int(m.content["meta"]["client"]) for m in replies)
-        if ids != list(range(cfg.clients)):
-            raise RuntimeError(f"step {t}: the SuperNodes' client ids are {ids}, expected 0..{cfg.clients - 1} "
-                               "(one --node-config 'client=<i>' per SuperNode)")
-        record["bytes_up"] += sum(record_bytes(m.content["state"]) + record_bytes(m.content["uploads"])
-                                  for m in replies)
-        weights, mixed = server_step(strategy, replies, cfg.clients)
-        clients_seen = {int(m.content["meta"]["client"]): m.metadata.src_node_id for m in replies}
-        down = [to_record({k: v[i] for k, v in mixed.items()}) for i in range(cfg.clients)]
-        record["bytes_down"] += sum(record_bytes(r) for r in down)
-        msgs = [grid.create_message(RecordDict({"mixed": down[i]}), "evaluate", clients_seen[i], str(t))
-                for i in range(cfg.clients)]
-        back = sorted(_exchange(grid, msgs, timeout, f"step {t} evaluate"),
-                      key=lambda m: int(m.content["meta"]["client"]))
-        record["weights"].append(weights.tolist())
-        record["logits"].append([from_record(m.content["logits"])["logits"].tolist() for m in back])
-        record["correct"].append([int(m.content["meta"]["correct"]) for m in back])
-        record["messages"] += 2 * cfg.clients
-    if rc.get("out"):
-        out = Path(str(rc["out"]))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(out.suffix + ".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(out)  # atomic: a reader sees the whole record or none
+    steps, timeout = int(rc.get("steps", 3)), float(rc.get("timeout", 600))
+    min_clients = int(rc.get("min-clients", 0)) or cfg.clients  # 0: all clients
+    config = dict(run_config_of(cfg, steps), timeout=timeout, **{"min-clients": min_clients})
+    server = FlowerServer(cfg, steps, timeout=timeout, min_clients=min_clients,
+                          out=str(rc["out"]) if rc.get("out") else None, run_config=config)
+    server.run(grid)  # raises StopRun when too few clients answer: Flower then marks the run failed

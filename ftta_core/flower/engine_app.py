@@ -1,28 +1,53 @@
 """Any ftta local method + strategy on Flower: ClientApps adapt and upload, the ServerApp computes W and mixes.
 
-Per stream step t the ServerApp sends every node a ``train`` message; the node's ClientApp (one client's model copy
-as a one-client ``LoopBank`` and its row of the stream from ``ftta_core.experiment.build_stream``) adapts on its
-batch and replies with what leaves the client: the local method's ``shared_state`` and the strategy's uploads
-(e.g. the FedTSA/FedAMP source-feature 'indicator'). The server stacks the uploads, checks them, computes
-``W = strategy.collaboration``, mixes and sends each client its own row of the mixed state in an ``evaluate``
-message; the client installs it, predicts and replies with its predictions (for recording only).
-Client-side strategy hooks (regularisers, probe uploads, memories) run on a one-client copy of the strategy that
-observes the client's own received state.
+Protocol: one message per client per step. Round r (r = 0..T) sends each client a message that (a) carries its
+personalised row of the mixed state of step r-1, on which it predicts (its batch of step r-1) and reports its
+correct count, then (b) asks it to adapt on its batch of step r and upload what leaves the client: the local
+method's ``shared_state`` and the strategy's uploads (e.g. the FedTSA/FedAMP source-feature 'indicator'). Round 0
+has no (a), round T (an ``evaluate`` message) no (b). The client does exactly what ``Engine.step`` does for it, in
+the same order (receive the mix, predict, adapt on the next batch), at one round trip per step instead of two.
+
+The server (``FlowerServer``) checks every upload with the engine's ``UploadGate`` (``engine.uploads``: shape,
+dtype, missing or unexpected names, NaN/Inf, BN variances, magnitude), computes ``W = strategy.collaboration`` over
+the accepted clients, mixes (``server_step``: the server half of ``Engine.server_phase``, same calls in the same
+order) and sends each client its row. Faults are handled per step:
+
+* a client whose reply does not come (no reply within ``timeout``; its SuperNode went offline -- Flower marks a
+  SuperNode offline when it misses its heartbeats; a ClientApp error) is **absent** at that step, as with partial
+  participation in the engine: no weight in W, it keeps its own model, its prediction of the step is not reported.
+  The run goes on while at least ``min_clients`` clients answered; below that it **stops** (``StopRun``);
+* a client whose upload fails the checks is **rejected**: no weight in W, no mixed row back (it keeps its own
+  model), it still predicts and reports; the reason is logged and recorded;
+* a SuperNode that registers during the run (e.g. a restarted one: Flower gives it a new node id) gets the next
+  step's message; its reply names its client (``--node-config client=i``), and it takes that client's slot if the
+  slot's node did not answer in that round (the old node is then never contacted again). Its ``context.state``
+  was lost with the old process, so it starts again from the source model, adapts on the current batch, and from
+  the mix on receives its personalised row like every other client (optimiser and client-side strategy state
+  start afresh).
+
+The record (``FlowerServer.record``, JSON at ``out``, rewritten atomically after every round) holds per finished
+step W, logits, correct counts (``null`` where not reported), absent and rejected clients with reasons, and a
+``status``: ``running``, ``finished`` or ``stopped: <reason>``. Client-side strategy hooks (regularisers, probe
+uploads, memories) run on a one-client copy of the strategy that observes the client's own received state.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from ..engine.bank import make_bank
-from ..engine.mixing import finite_clients, restrict_to_valid
+from ..engine.mixing import restrict_to_valid
+from ..engine.uploads import UploadGate, UploadPolicy, by_name, describe_rejections, reference_values
 from ..experiment import ExperimentConfig, local_params, strategy_params
 from ..rng import derive_seed
 from ..stream import Stream
@@ -30,17 +55,16 @@ from ..strategies import build_strategy
 from ..strategies.base import ServerInputs, check_collaboration
 from ..tta import build_local
 from .grid import run_inprocess
-from .records import from_record, to_record
+from .records import from_record, record_bytes, to_record
+
+log = logging.getLogger("flwr")  # Flower's logger: its lines reach the SuperLink's log / `flwr log`
+
+POLL_S = 0.5  # how often the server pulls replies (Flower's own send_and_receive sleeps 3 s)
 
 
 def _strip(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     """Drop the leading one-client dimension."""
     return {k: v[0] for k, v in tensors.items()}
-
-
-def _stack(rows: List[Dict[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
-    """Stack per-client tensors into [N, ...]."""
-    return {k: torch.stack([r[k] for r in rows]) for k in (rows[0] if rows else {})}
 
 
 class EngineClient:
@@ -57,13 +81,14 @@ class EngineClient:
         self.strategy.reset(1)
         self.bank = make_bank("loop", self.source, 1, self.local.trainable(self.source), self.local.optimizer())
         self.x: Optional[torch.Tensor] = None
+        self.step: Optional[int] = None  # the step of the batch in ``x``
         self.state: Dict[str, torch.Tensor] = {}
 
     def train(self, step: int) -> Dict[str, Dict[str, torch.Tensor]]:
         """Adapt on this client's batch at ``step``; return {'state': shared state, 'uploads': strategy uploads}."""
         batch = self.stream.batch(step)
         x = batch.images[self.client:self.client + 1]
-        self.x, self.y = x, batch.labels[self.client]
+        self.x, self.y, self.step = x, batch.labels[self.client], step
         with torch.no_grad():
             src_feats = self.source.forward_features(x[0])
         out = self.local.adapt(self.bank, x, self.strategy.regularizer(self.bank, x))
@@ -75,9 +100,10 @@ class EngineClient:
         return {"state": _strip(self.state), "uploads": _strip(uploads)}
 
     def receive_and_predict(self, mixed: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Install the server's mixed state for this client, predict on the current batch; returns logits [B, K]."""
-        if mixed:
-            mixed1 = {k: v[None] for k, v in mixed.items()}
+        """Install the server's mixed state for this client (empty: its own shared state, as the engine installs a
+        rejected client's own row), predict on the current batch; returns logits [B, K]."""
+        mixed1 = {k: v[None] for k, v in mixed.items()} if mixed else dict(self.state)
+        if mixed1:
             self.local.load_state(self.bank, mixed1)
             self.strategy.after_mix(mixed1, ServerInputs(0, self.state, {}, torch.ones(1, dtype=torch.bool)))
         if self.strategy.finetune_after_mix and self.local.shares == "params":
@@ -85,83 +111,433 @@ class EngineClient:
         return self.local.predict(self.bank, self.x).logits[0]
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# the step protocol
+
+def step_request(grid: Grid, node: int, train: int, predict: int, mixed: Optional[Dict[str, torch.Tensor]],
+                 group: str) -> Message:
+    """The server's message of one round: predict step ``predict`` (-1: nothing to predict) with ``mixed`` (this
+    client's row; {}: keep its own state), then adapt on step ``train`` and upload (-1: no training)."""
+    content = RecordDict({"config": ConfigRecord({"train": int(train), "predict": int(predict)})})
+    if predict >= 0:
+        content["mixed"] = to_record(mixed or {})
+    return grid.create_message(content, "train" if train >= 0 else "evaluate", node, group)
+
+
+def client_reply(client: EngineClient, msg: Message) -> Message:
+    """The client's side of one round (``step_request``): predict (when asked), then adapt and upload (when asked).
+    The reply's ``meta`` names the client, the step predicted (-1: none) and trained (-1: none)."""
+    cfg = msg.content["config"]
+    train, predict = int(cfg.get("train", -1)), int(cfg.get("predict", -1))
+    content: Dict[str, Any] = {}
+    meta: Dict[str, Any] = {"client": int(client.client), "predicted": -1, "trained": -1}
+    if predict >= 0 and client.step == predict and client.x is not None:  # (a restarted node has nothing to predict)
+        mixed = from_record(msg.content["mixed"]) if "mixed" in msg.content else {}
+        logits = client.receive_and_predict(mixed)
+        meta.update(predicted=predict, correct=int((logits.argmax(-1) == client.y.to(logits.device)).sum()))
+        content["logits"] = to_record({"logits": logits})
+    if train >= 0:
+        out = client.train(train)
+        content["state"], content["uploads"] = to_record(out["state"]), to_record(out["uploads"])
+        meta.update(trained=train, n=int(client.x.shape[1]))
+    content["meta"] = ConfigRecord(meta)
+    return Message(RecordDict(content), reply_to=msg)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the server
+
+@dataclass
+class ServerRound:
+    """One server step: W [N, N], the mixed state [N, ...], accepted clients [N] and a reason per rejected one."""
+
+    weights: torch.Tensor
+    mixed: Dict[str, torch.Tensor]
+    valid: torch.Tensor
+    reasons: Dict[int, str]
+
+
+def server_step(strategy, gate: UploadGate, step: int, states: List[Optional[Mapping[str, torch.Tensor]]],
+                uploads: List[Optional[Mapping[str, torch.Tensor]]], present: torch.Tensor,
+                sizes: torch.Tensor) -> ServerRound:
+    """The server half of ``Engine.server_phase`` on per-client uploads (None: the client is absent): check them
+    (``gate``), compute W over the accepted clients, mix; a rejected or absent client keeps its own state.
+    One client's upload never raises here: what fails a check is rejected."""
+    n = len(states)
+    state, ups, valid, reasons = gate.check(by_name(states), by_name(uploads), present, n)
+    inputs = ServerInputs(step, state, ups, valid, sizes)
+    weights = strategy.collaboration(inputs).detach().float().cpu()
+    weights = check_collaboration(restrict_to_valid(weights, valid), n)
+    mixed: Dict[str, torch.Tensor] = {}
+    if state:
+        mixed = strategy.mix(state, weights)
+        if not bool(valid.all()):  # a rejected client keeps its own state exactly
+            mixed = {k: torch.where(valid.view(-1, *[1] * (v.dim() - 1)), v, state[k]) for k, v in mixed.items()}
+        strategy.after_mix(mixed, inputs)
+    return ServerRound(weights, mixed, valid, reasons)
+
+
+def expected_names(sent: List[Optional[Mapping[str, torch.Tensor]]], known: Set[str]) -> Set[str]:
+    """The upload names a step accepts: those a strict majority of the answering clients sent, and those already
+    learned (``known``) that anyone sent. Honest clients run the same code and send the same names; a name sent by
+    a minority only is unexpected (its senders are rejected), a learned name missing from a client rejects it."""
+    rows = [s for s in sent if s is not None]
+    counts: Dict[str, int] = {}
+    for s in rows:
+        for k in s:
+            counts[k] = counts.get(k, 0) + 1
+    return {k for k, c in counts.items() if 2 * c > len(rows) or k in known}
+
+
+class StopRun(RuntimeError):
+    """The server stopped the run before its last step (fewer than ``min_clients`` clients answered); the record
+    keeps every finished step and its status says why. Raised from the ServerApp, so Flower marks the run failed."""
+
+
+@dataclass
+class _Pending:
+    """A step whose W is computed and whose predictions come in the next round."""
+
+    step: int
+    weights: torch.Tensor
+    absent: List[bool]
+    rejected: List[bool]
+    reasons: Dict[int, str]
+    rows: Dict[int, Dict[str, torch.Tensor]] = field(default_factory=dict)  # slot -> mixed row ({}: keep own)
+    node: Dict[int, int] = field(default_factory=dict)  # slot -> the node that uploaded (it predicts)
+
+
+class FlowerServer:
+    """The ServerApp's loop over the steps, fault-tolerant (module docstring); ``record`` is the JSON record.
+
+    ``timeout``: seconds to wait for the SuperNodes at the start and for each round's replies; ``min_clients``:
+    the fewest clients that must answer a step for the run to go on (default: all ``cfg.clients``); ``out``: where
+    the record is written after every round (atomically), or None."""
+
+    def __init__(self, cfg: ExperimentConfig, steps: int, *, timeout: float = 600.0,
+                 min_clients: Optional[int] = None, out: Optional[str] = None,
+                 run_config: Optional[Dict[str, Any]] = None, policy: Optional[UploadPolicy] = None,
+                 poll: float = POLL_S) -> None:
+        from ..training import load_source_model
+
+        self.cfg, self.steps, self.timeout, self.out, self.poll = cfg, int(steps), float(timeout), out, poll
+        self.n = cfg.clients
+        self.min_clients = self.n if not min_clients else int(min_clients)
+        if not 1 <= self.min_clients <= self.n:
+            raise ValueError(f"min-clients must be in 1..{self.n} (clients), got {min_clients}")
+        self.strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
+        self.strategy.reset(self.n)
+        self.gate = UploadGate(policy, reference_values(load_source_model(cfg.model_name, device="cpu").eval()))
+        self.slot_of: Dict[int, int] = {}  # node id -> client
+        self.node_of: Dict[int, int] = {}  # client -> node id
+        self.ignored: Set[int] = set()     # nodes never contacted again (replaced, invalid or duplicate client)
+        self.record: Dict[str, Any] = {
+            "config": dict(run_config or {}), "status": "running", "clients": self.n,
+            "min_clients": self.min_clients, "timeout": self.timeout, "nodes": 0, "steps_done": 0,
+            "weights": [], "logits": [], "correct": [], "absent": [], "rejected": [], "reasons": [], "events": [],
+            "bytes_up": 0, "bytes_down": 0, "messages": 0}
+
+    # -- record
+    def _write(self) -> None:
+        if self.out:
+            from ..runstore import atomic_write_text
+
+            atomic_write_text(self.out, json.dumps(self.record))
+
+    def _event(self, step: int, what: str, **details: Any) -> None:
+        self.record["events"].append({"step": step, "event": what, **details})
+        log.warning("ftta: step %d: %s %s", step, what, details)
+
+    def run(self, grid: Grid) -> Dict[str, Any]:
+        """Run every step on ``grid``; returns the record. Raises ``StopRun`` when too few clients answer (after
+        recording it); any other error is recorded as ``stopped: error: ...`` and raised."""
+        try:
+            self._run(grid)
+        except StopRun as stop:
+            self.record["status"] = f"stopped: {stop}"
+            self._write()
+            log.error("ftta: run stopped: %s (record: %s)", stop, self.out or "not written")
+            raise
+        except BaseException as err:
+            self.record["status"] = f"stopped: error: {type(err).__name__}: {err}"
+            self._write()
+            raise
+        self.record["status"] = "finished"
+        self._write()
+        return self.record
+
+    # -- network
+    def _wait_for_nodes(self, grid: Grid) -> List[int]:
+        start = time.monotonic()
+        while True:
+            nodes = sorted(grid.get_node_ids())
+            if len(nodes) >= self.n:
+                return nodes
+            if time.monotonic() - start > self.timeout:
+                if len(nodes) >= self.min_clients:
+                    self._event(0, "started short", nodes=len(nodes), waited_s=self.timeout)
+                    return nodes
+                raise StopRun(f"only {len(nodes)} of {self.n} SuperNodes connected within {self.timeout:g}s "
+                              f"(min-clients {self.min_clients})")
+            time.sleep(self.poll)
+
+    def _exchange(self, grid: Grid, msgs: List[Message]) -> Tuple[Dict[int, Message], Dict[int, str]]:
+        """Push ``msgs``, pull replies until each is in, its node is offline, or ``timeout``; returns (replies by
+        node, reasons by node without a reply). Error replies (ClientApp errors, Flower's 'node unavailable') are
+        replies."""
+        if not msgs:
+            return {}, {}
+        nodes = [m.metadata.dst_node_id for m in msgs]
+        ids = list(grid.push_messages(msgs))
+        self.record["messages"] += len(msgs)
+        waiting = {i: node for i, node in zip(ids, nodes) if i}
+        failed = {node: "the SuperLink refused the message" for i, node in zip(ids, nodes) if not i}
+        replies: Dict[int, Message] = {}
+        deadline = time.monotonic() + self.timeout
+        while waiting:
+            for reply in grid.pull_messages(list(waiting)):
+                node = waiting.pop(reply.metadata.reply_to_message_id, None)
+                if node is not None:
+                    replies[node] = reply
+            if not waiting:
+                break
+            online = set(grid.get_node_ids())
+            for i, node in list(waiting.items()):
+                if node not in online:
+                    failed[node] = "its SuperNode went offline"
+                    del waiting[i]
+            if waiting and time.monotonic() > deadline:
+                for node in waiting.values():
+                    failed[node] = f"no reply within {self.timeout:g}s"
+                break
+            if waiting:
+                time.sleep(self.poll)
+        return replies, failed
+
+    # -- the steps
+    def _run(self, grid: Grid) -> None:
+        self.record["nodes"] = len(self._wait_for_nodes(grid))
+        self._write()
+        pending: Optional[_Pending] = None
+        for r in range(self.steps + 1):
+            train = r if r < self.steps else -1
+            msgs = []
+            for node in sorted(grid.get_node_ids()):
+                if node in self.ignored:
+                    continue
+                slot = self.slot_of.get(node)
+                predict = pending is not None and slot is not None and pending.node.get(slot) == node
+                if train < 0 and not predict:
+                    continue
+                row = pending.rows[slot] if predict else None
+                msgs.append(step_request(grid, node, train, pending.step if predict else -1, row, str(r)))
+                if row:
+                    self.record["bytes_down"] += record_bytes(msgs[-1].content["mixed"])
+            replies, failed = self._exchange(grid, msgs)
+            answered, absent_why = self._sort_replies(r, replies, failed)
+            if pending is not None:
+                self._finish_step(pending, replies)
+            if train < 0:
+                break
+            if len(answered) < self.min_clients:
+                why = "; ".join(f"client {i}: {w}" for i, w in sorted(absent_why.items()))
+                raise StopRun(f"step {r}: {len(answered)} of {self.n} clients answered, min-clients is "
+                              f"{self.min_clients}" + (f" ({why})" if why else ""))
+            pending = self._server_step(r, answered, absent_why)
+            self._write()
+
+    def _sort_replies(self, r: int, replies: Dict[int, Message], failed: Dict[int, str]
+                      ) -> Tuple[Dict[int, Message], Dict[int, str]]:
+        """Map replies to clients (new nodes claim theirs); returns (reply per answering client, why per client
+        that did not answer)."""
+        ok = {node: m for node, m in replies.items() if not m.has_error()}
+        answered: Dict[int, Message] = {}
+        why: Dict[int, str] = {}
+        for node, msg in sorted(replies.items()):
+            slot = self.slot_of.get(node)
+            claim = _claimed_client(msg)
+            if slot is None:  # a node's first reply: it says which client it is
+                if msg.has_error():  # tried again next step (the error may pass)
+                    self._event(r, "node failed", node=node, reason=_error_reason(msg))
+                    continue
+                if claim is None or not 0 <= claim < self.n:
+                    self.ignored.add(node)
+                    self._event(r, "node ignored", node=node, reason=f"claims client {claim}")
+                    continue
+                holder = self.node_of.get(claim)
+                if holder is not None and holder in ok:
+                    self.ignored.add(node)
+                    self._event(r, "node ignored", node=node, reason=f"client {claim} is node {holder}")
+                    continue
+                if holder is not None:
+                    self.ignored.add(holder)
+                    del self.slot_of[holder]
+                    self._event(r, "client rejoined", client=claim, node=node, old_node=holder,
+                                state="restarted from the source model")
+                elif r > 0:
+                    self._event(r, "client joined", client=claim, node=node)
+                self.slot_of[node], self.node_of[claim] = claim, node
+                slot = claim
+            if msg.has_error():
+                why[slot] = _error_reason(msg)
+            elif claim != slot:
+                why[slot] = f"its reply claims client {claim}"
+            elif _meta_int(msg, "trained") == r:
+                answered[slot] = msg
+            else:
+                why[slot] = "its reply has no upload for this step"
+        for node, reason in failed.items():
+            slot = self.slot_of.get(node)
+            if slot is not None and self.node_of.get(slot) == node:
+                why.setdefault(slot, reason)
+        for slot in range(self.n):
+            if slot not in answered and slot not in why:
+                why[slot] = ("no SuperNode has answered for it" if slot not in self.node_of
+                             else "its SuperNode is offline")
+        return answered, {i: w for i, w in why.items() if i not in answered}
+
+    def _server_step(self, r: int, answered: Dict[int, Message], absent_why: Dict[int, str]) -> _Pending:
+        n = self.n
+        states: List[Optional[Dict[str, torch.Tensor]]] = [None] * n
+        uploads: List[Optional[Dict[str, torch.Tensor]]] = [None] * n
+        present = torch.zeros(n, dtype=torch.bool)
+        sizes = torch.full((n,), float(self.cfg.batch_size))
+        malformed: Dict[int, str] = {}
+        for slot, msg in answered.items():
+            present[slot] = True
+            try:
+                size = msg.content["meta"]["n"]
+                if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= self.cfg.batch_size:
+                    raise ValueError(f"it reports {size!r} samples, the batch size is {self.cfg.batch_size}")
+                self.record["bytes_up"] += record_bytes(msg.content["state"]) + record_bytes(msg.content["uploads"])
+                st, up = from_record(msg.content["state"]), from_record(msg.content["uploads"])
+            except Exception as err:  # noqa: BLE001 -- one client's message never stops the server
+                malformed[slot] = f"malformed reply: {type(err).__name__}: {err}"
+                continue
+            states[slot], uploads[slot], sizes[slot] = st, up, float(size)
+        for rows in (states, uploads):
+            names = expected_names(rows, set(self.gate.schema.expected))
+            for slot, row in enumerate(rows):
+                if row is not None and set(row) - names:
+                    malformed.setdefault(slot, f"unexpected upload {sorted(set(row) - names)[0]!r}")
+        # a malformed reply is rejected before the checks: it gets no weight in W and keeps its own model
+        checked = present.clone()
+        for slot in malformed:
+            checked[slot] = False
+            states[slot] = uploads[slot] = None
+        result = server_step(self.strategy, self.gate, r, states, uploads, checked, sizes)
+        valid, reasons = result.valid, {**result.reasons, **malformed}
+        if reasons:
+            log.warning("ftta: step %d: rejected uploads of %s", r, describe_rejections(reasons))
+        pending = _Pending(r, result.weights, [i not in answered for i in range(n)],
+                           [bool(present[i] and not valid[i]) for i in range(n)],
+                           {**absent_why, **reasons})
+        for slot in answered:
+            pending.node[slot] = self.node_of[slot]
+            pending.rows[slot] = {k: v[slot] for k, v in result.mixed.items()} if bool(valid[slot]) else {}
+        return pending
+
+    def _finish_step(self, p: _Pending, replies: Dict[int, Message]) -> None:
+        """Record step ``p.step`` with the predictions that came back in this round."""
+        logits: List[Optional[list]] = [None] * self.n
+        correct: List[Optional[int]] = [None] * self.n
+        for slot, node in p.node.items():
+            msg = replies.get(node)
+            if msg is None or msg.has_error():
+                continue
+            try:
+                if _meta_int(msg, "predicted") != p.step:
+                    continue
+                value = _meta_int(msg, "correct")
+                if value is None:
+                    raise ValueError("no correct count")
+                logits[slot] = from_record(msg.content["logits"])["logits"].tolist()
+                correct[slot] = value
+            except Exception as err:  # noqa: BLE001
+                log.warning("ftta: step %d: client %d's prediction is malformed: %s", p.step, slot, err)
+        rec = self.record
+        rec["weights"].append(p.weights.tolist())
+        rec["logits"].append(logits)
+        rec["correct"].append(correct)
+        rec["absent"].append(p.absent)
+        rec["rejected"].append(p.rejected)
+        rec["reasons"].append({str(i): w for i, w in sorted(p.reasons.items())})
+        rec["steps_done"] = p.step + 1
+
+
+def _error_reason(msg: Message) -> str:
+    """Why an error reply came back, in words."""
+    from flwr.common.constant import ErrorCode
+
+    code, reason = msg.error.code, msg.error.reason
+    if code == ErrorCode.NODE_UNAVAILABLE:
+        return "its SuperNode went offline (missed heartbeats)"
+    if code in (ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE):
+        return f"its message expired ({reason})"
+    return f"ClientApp error: {reason}"
+
+
+def _meta_int(msg: Message, key: str) -> Optional[int]:
+    """An integer of a reply's ``meta`` record, or None."""
+    try:
+        value = msg.content["meta"][key]
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _claimed_client(msg: Message) -> Optional[int]:
+    """The client a reply says it is, or None (an error reply, or no readable claim)."""
+    return None if msg.has_error() else _meta_int(msg, "client")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# in-process apps
+
 def engine_client_app(cfg: ExperimentConfig, stream: Stream) -> ClientApp:
     """A ClientApp whose node ``node_config['client']`` runs client i of ``cfg`` (state kept per node)."""
     app = ClientApp()
     clients: Dict[int, EngineClient] = {}
 
-    def runtime(context: Context) -> EngineClient:
-        i = int(context.node_config["client"])
+    def handle(msg: Message, context: Context) -> Message:
         if context.node_id not in clients:
-            clients[context.node_id] = EngineClient(cfg, i, stream)
-        return clients[context.node_id]
+            clients[context.node_id] = EngineClient(cfg, int(context.node_config["client"]), stream)
+        return client_reply(clients[context.node_id], msg)
 
-    @app.train()
-    def train(msg: Message, context: Context) -> Message:
-        step = int(msg.content["config"]["step"])
-        out = runtime(context).train(step)
-        return Message(RecordDict({"state": to_record(out["state"]), "uploads": to_record(out["uploads"]),
-                                   "meta": ConfigRecord({"client": int(context.node_config["client"]),
-                                                         "n": int(runtime(context).x.shape[1])})}), reply_to=msg)
-
-    @app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        rt = runtime(context)
-        logits = rt.receive_and_predict(from_record(msg.content["mixed"]))
-        return Message(RecordDict({"logits": to_record({"logits": logits}),
-                                   "meta": ConfigRecord({"client": rt.client})}), reply_to=msg)
-
+    app.train()(handle)
+    app.evaluate()(handle)
     return app
 
 
 @dataclass
 class FlowerRun:
-    """What the server recorded: W per step [T, N, N], logits per step [T, N, B, K], labels [T, N, B]."""
+    """What the server recorded: W per step [T, N, N], logits per step [T, N, B, K] (NaN where a client did not
+    report), labels [T, N, B], and the JSON record (``FlowerServer.record``)."""
 
     weights: List[np.ndarray] = field(default_factory=list)
     logits: List[torch.Tensor] = field(default_factory=list)
     labels: List[torch.Tensor] = field(default_factory=list)
     messages: int = 0
+    record: Dict[str, Any] = field(default_factory=dict)
 
 
-def server_step(strategy, replies: List[Message], n: int) -> tuple:
-    """Stack the uploads (ordered by client), check them, compute W and the mixed state per client."""
-    by_client = sorted(replies, key=lambda m: int(m.content["meta"]["client"]))
-    state = _stack([from_record(m.content["state"]) for m in by_client])
-    uploads = _stack([from_record(m.content["uploads"]) for m in by_client])
-    valid = finite_clients({**state, **uploads}, n)
-    sizes = torch.tensor([float(m.content["meta"]["n"]) for m in by_client])
-    inputs = ServerInputs(0, state, uploads, valid, sizes)
-    weights = check_collaboration(restrict_to_valid(strategy.collaboration(inputs).detach().float().cpu(), valid), n)
-    mixed = strategy.mix(state, weights) if state else {}
-    if mixed and not bool(valid.all()):
-        mixed = {k: torch.where(valid.view(-1, *[1] * (v.dim() - 1)), v, state[k]) for k, v in mixed.items()}
-    if state:
-        strategy.after_mix(mixed, inputs)
-    return weights, mixed
-
-
-def engine_server_app(cfg: ExperimentConfig, n_steps: int, record: FlowerRun) -> ServerApp:
-    """A ServerApp running ``n_steps`` steps of ``cfg``'s strategy over the grid's nodes."""
+def engine_server_app(cfg: ExperimentConfig, n_steps: int, record: FlowerRun, *, timeout: float = 600.0,
+                      min_clients: Optional[int] = None) -> ServerApp:
+    """A ServerApp running ``n_steps`` steps of ``cfg``'s strategy over the grid's nodes (``FlowerServer``)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
-        nodes = sorted(grid.get_node_ids())
-        strategy.reset(len(nodes))
-        for t in range(n_steps):
-            msgs = [grid.create_message(RecordDict({"config": ConfigRecord({"step": t})}), "train", nid, str(t))
-                    for nid in nodes]
-            replies = list(grid.send_and_receive(msgs))
-            weights, mixed = server_step(strategy, replies, len(nodes))
-            order = {int(m.content["meta"]["client"]): m.metadata.src_node_id for m in replies}
-            msgs = [grid.create_message(RecordDict({"mixed": to_record({k: v[i] for k, v in mixed.items()})}),
-                                        "evaluate", order[i], str(t)) for i in range(len(nodes))]
-            back = sorted(grid.send_and_receive(msgs), key=lambda m: int(m.content["meta"]["client"]))
-            record.weights.append(weights.numpy())
-            record.logits.append(torch.stack([from_record(m.content["logits"])["logits"] for m in back]))
-            record.messages += 2 * len(nodes)
+        server = FlowerServer(cfg, n_steps, timeout=timeout, min_clients=min_clients)
+        try:
+            server.run(grid)
+        finally:
+            rec = server.record
+            record.record, record.messages = rec, rec["messages"]
+            record.weights = [np.asarray(w, dtype=np.float32) for w in rec["weights"]]
+            shape = next((torch.tensor(v).shape for step in rec["logits"] for v in step if v is not None), None)
+            record.logits = [torch.stack([torch.tensor(v) if v is not None else torch.full(shape, float("nan"))
+                                          for v in step]) for step in rec["logits"]]
 
     return app
 

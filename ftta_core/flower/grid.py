@@ -4,7 +4,9 @@ The fast path for tests and notebooks: the ServerApp and ClientApps are the real
 ``Message``/``RecordDict`` objects (each ``ArrayRecord`` holds serialised bytes), only the transport is a function
 call, with no process per message. The same apps also run on a real superlink/supernodes and on Flower's Ray
 simulation engine (``ftta_core/flower/deploy.py``, ``tests/test_flower_deployment.py``). Message ids are assigned
-as Flower's own ``InMemoryGrid`` does.
+as Flower's own ``InMemoryGrid`` does. As on a SuperNode, a ClientApp that raises answers with an error reply;
+``remove_node`` (a killed SuperNode: offline, its messages never answered) and ``add_node`` (a SuperNode that
+registers during the run, with a fresh context) let tests inject faults.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 from uuid import uuid4
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -35,8 +37,21 @@ class LocalGrid(Grid):
         self.run_id = run_id
         self.contexts = {NODE_ID_BASE + i: Context(run_id=run_id, node_id=NODE_ID_BASE + i, node_config=dict(cfg), state=RecordDict(),
                                         run_config=dict(run_config)) for i, cfg in enumerate(node_configs)}
+        self.run_config = dict(run_config)
+        self.offline: set = set()
         self.replies: Dict[str, Message] = {}
         self.messages_sent = 0
+
+    def add_node(self, node_config: Dict[str, object]) -> int:
+        """A new node (fresh context, state lost) joins; returns its id."""
+        node = NODE_ID_BASE + len(self.contexts)
+        self.contexts[node] = Context(run_id=self.run_id, node_id=node, node_config=dict(node_config),
+                                      state=RecordDict(), run_config=dict(self.run_config))
+        return node
+
+    def remove_node(self, node: int) -> None:
+        """Node ``node`` dies: it is offline from now on and its messages are never answered."""
+        self.offline.add(node)
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -50,7 +65,7 @@ class LocalGrid(Grid):
         return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
 
     def get_node_ids(self) -> Iterable[int]:
-        return list(self.contexts)
+        return [n for n in self.contexts if n not in self.offline]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -59,9 +74,15 @@ class LocalGrid(Grid):
             if node not in self.contexts:
                 raise ValueError(f"message for unknown node {node}; nodes: {list(self.contexts)}")
             msg.metadata.__dict__["_message_id"] = str(uuid4())
-            self.replies[msg.metadata.message_id] = self.client_app(msg, self.contexts[node])
             self.messages_sent += 1
             ids.append(msg.metadata.message_id)
+            if node in self.offline:
+                continue
+            try:
+                reply = self.client_app(msg, self.contexts[node])
+            except Exception as err:  # noqa: BLE001 -- as a SuperNode does: the ClientApp's error is the reply
+                reply = Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg)
+            self.replies[msg.metadata.message_id] = reply
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
@@ -72,9 +93,10 @@ class LocalGrid(Grid):
 
 
 def run_inprocess(server_app: ServerApp, client_app: ClientApp, node_configs: List[Dict[str, object]],
-                  run_config: Optional[Dict[str, object]] = None) -> Context:
-    """Run ``server_app`` against one ClientApp per entry of ``node_configs``; returns the server's Context."""
-    grid = LocalGrid(client_app, node_configs, run_config or {})
+                  run_config: Optional[Dict[str, object]] = None, grid_class: type = LocalGrid) -> Context:
+    """Run ``server_app`` against one ClientApp per entry of ``node_configs``; returns the server's Context.
+    ``grid_class``: a ``LocalGrid`` subclass (e.g. one that kills a node at some step)."""
+    grid = grid_class(client_app, node_configs, run_config or {})
     context = Context(run_id=grid.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config or {}))
     saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
