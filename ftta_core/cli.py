@@ -399,6 +399,31 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_tta_grad_cells(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tta-grad-cells", help="the TTA-grad 2x2 (BN batch/running x SGD/Adam) from stored runs",
+                       description="Reads the stored Table 1 runs of the four TTA-grad cells (grad, grad-adam, "
+                                   "grad-running, grad-running-adam; run them with fedtsa-table --tta CELL) and "
+                                   "writes Local(grad) - Local(bn) and each strategy's gain over Local beside the "
+                                   "paper's, with the computed reading (CSV and markdown). Runs nothing.")
+    p.add_argument("--results", type=Path, default=Path("figures/fedtsa_table1/runs"))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
+    p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
+    p.set_defaults(func=cmd_tta_grad_cells)
+
+
+def cmd_tta_grad_cells(args: argparse.Namespace) -> int:
+    from .paper import tta_grad_cells, tta_grad_cells_reading
+    from .workbook import markdown_table
+
+    table = tta_grad_cells(results_dir=args.results, seeds=args.seeds, settings=args.settings)
+    args.table.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.table.with_suffix(".csv"), index=False)
+    write_markdown(args.table.with_suffix(".md"),
+                   markdown_table(table.set_index(["cell", "setting"])) + "\n" + tta_grad_cells_reading(table) + "\n")
+    return 0
+
+
 def _add_run_plan(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run-plan", help="run the jobs planned with FTTA_PLAN=FILE, several processes at a time",
                        description="A notebook or fedtsa-table run with FTTA_PLAN=FILE runs nothing and appends the "
@@ -594,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "workbook. Every command has --help.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_run, _add_runs, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
+                _add_tta_grad_cells,
                 _add_run_plan, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)
     from .plugins import add_plugin_argument

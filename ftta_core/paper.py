@@ -276,8 +276,8 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
 
     One row per (cell, setting): the cell's local settings, the seeds with a Local run, Local's accuracy, and,
     paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
-    ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1). NaN where a run is
-    missing."""
+    ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1), with the standard
+    deviation of the paired differences (``... sd``, NaN below 2 seeds). NaN where a run is missing."""
     grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn", *GRAD_CELLS), settings)
     paper = paper_table("fedtsa_table1")
     paper = paper[paper.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
@@ -292,7 +292,9 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
             row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
                    "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
             paired = local.index.intersection(local_bn.index)
-            row["local - local(bn)"] = (local[paired] - local_bn[paired]).mean() if len(paired) else float("nan")
+            gap = local[paired] - local_bn[paired]
+            row["local - local(bn)"] = gap.mean() if len(paired) else float("nan")
+            row["local - local(bn) sd"] = gap.std(ddof=1) if len(paired) > 1 else float("nan")
             row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
                                                - paper.get(("Local", setting, "bn"), float("nan")))
             for s in strategies:
@@ -301,7 +303,9 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
                 theirs = _per_seed(g, s, "grad") if len(g) else pd.Series(dtype=float)
                 both = local.index.intersection(theirs.index)
                 label = METHOD_LABELS.get(s, s)
-                row[f"{label} - local"] = (theirs[both] - local[both]).mean() if len(both) else float("nan")
+                diff = theirs[both] - local[both]
+                row[f"{label} - local"] = diff.mean() if len(both) else float("nan")
+                row[f"{label} - local sd"] = diff.std(ddof=1) if len(both) > 1 else float("nan")
                 row[f"{label} seeds"] = len(both)
                 row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
                                                   - paper.get(("Local", setting, "grad"), float("nan")))

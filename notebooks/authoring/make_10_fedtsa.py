@@ -173,9 +173,10 @@ if len(ran):
     for ax, (col, paper_col, title) in zip(axes, [("local - local(bn)", "paper: local - local(bn)",
                                                    "Local(TTA-grad) - Local(TTA-bn)"),
                                                   ("FedAvg - local", "paper: FedAvg - local", "FedAvg - Local (TTA-grad)")]):
-        labels = [f"{r.cell}\\n{r.setting.upper()}" for r in ran.itertuples()]
+        labels = [f"{r.bn} BN\\n{r.optimizer.split()[0]}\\n{r.setting.upper()}" for r in ran.itertuples()]
         x = np.arange(len(ran))
-        ax.bar(x - 0.2, ran[col], 0.4, label="ours (seed-paired mean)")
+        ax.bar(x - 0.2, ran[col], 0.4, yerr=ran[col + " sd"].fillna(0), capsize=3,
+               label="ours (seed-paired mean ± sd)")
         ax.bar(x + 0.2, ran[paper_col], 0.4, label="paper (FedTSA Table 1)", color="0.7")
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xticks(x, labels, fontsize=8)
