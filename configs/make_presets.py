@@ -17,9 +17,7 @@ floats are written so that any YAML loader reads them as floats (``1.0e-05``, no
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import json
 import sys
 import textwrap
 from dataclasses import dataclass, field
@@ -117,16 +115,9 @@ class Preset:
 
 def notebook_parameters(name: str) -> Dict[str, Any]:
     """The literal assignments of a notebook's papermill ``parameters`` cell (its defaults)."""
-    nb = json.loads((REPO / "notebooks" / f"{name}.ipynb").read_text())
-    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
-    out = {}
-    for node in ast.parse("".join(cell["source"])).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return out
+    from ftta_core.notebooks import notebook_parameters as defaults
+
+    return defaults(REPO / "notebooks" / f"{name}.ipynb")
 
 
 def labels(strategies: Sequence[str]) -> str:

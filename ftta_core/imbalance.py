@@ -3,7 +3,6 @@ read from stored run summaries (``class_counts`` / ``class_correct`` [N][K], ``a
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 

@@ -64,6 +64,27 @@ def notebook_paths(names: Sequence[str] = ()) -> List[Path]:
     return [by_key[n] for n in names]
 
 
+def literal_assignments(source: str) -> Dict[str, Any]:
+    """``{name: value}`` of the top-level ``name = <literal>`` lines of a cell's ``source`` (non-literals skipped)."""
+    out: Dict[str, Any] = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return out
+
+
+def notebook_parameters(path: Path) -> Dict[str, Any]:
+    """The literal defaults of a notebook's papermill ``parameters`` cell."""
+    import nbformat
+
+    nb = nbformat.read(str(path), as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", []))
+    return literal_assignments(cell.source)
+
+
 def output_parameters(path: Path) -> Dict[str, tuple]:
     """The parameters of one notebook that name where it writes figures and tables (see ``OUTPUT_PARAMETERS``)."""
     return {**OUTPUT_PARAMETERS, **NOTEBOOK_OUTPUT_PARAMETERS.get(Path(path).stem, {})}

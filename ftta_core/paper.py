@@ -227,8 +227,6 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
     the scenario reads (the strategy at its defaults); the file names are config hashes, which also change with
     fields the FedTSA scenarios ignore (``UNREAD_BY_FEDTSA_SCENARIOS``), so the configs are compared instead.
     """
-    import json
-
     from .workbook import SUMMARY_KEYS
 
     from .runstore import read_summary

@@ -5,7 +5,6 @@ Only one test executes a notebook (00_quickstart in smoke mode, the fastest); th
 """
 from __future__ import annotations
 
-import ast
 import hashlib
 import re
 from pathlib import Path
@@ -86,14 +85,7 @@ def fake_papermill(monkeypatch):
 
 # ----------------------------------------------------------------------------------------------- committed notebooks
 def _assigned(source: str) -> Dict[str, object]:
-    out = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            try:
-                out[node.targets[0].id] = ast.literal_eval(node.value)
-            except ValueError:
-                pass
-    return out
+    return nbrun.literal_assignments(source)
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)

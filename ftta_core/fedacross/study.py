@@ -231,7 +231,7 @@ def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_av
     if len(office_avg):
         by_k = office_avg.groupby("k").accuracy.mean()
         done = by_k.dropna()
-        text = (f"**Office-Caltech-10**: the mean over pairs is "
+        text = ("**Office-Caltech-10**: the mean over pairs is "
                 + " → ".join(f"{a:.1f}" for a in done) + f" for k = {', '.join(map(str, done.index))}")
         missing = [k for k in by_k.index if k not in done.index]
         if missing:

@@ -10,7 +10,6 @@ registers during the run, with a fresh context) let tests inject faults.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 from uuid import uuid4
 

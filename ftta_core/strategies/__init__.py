@@ -44,6 +44,7 @@ def build_strategy(name: str, **params: Any) -> Strategy:
     return build_named("strategy", STRATEGIES, name, params)
 
 
-__all__ = ["STRATEGIES", "build_strategy", "Strategy", "ServerInputs", "check_collaboration", "row_softmax",
+__all__ = ["STRATEGIES", "build_strategy", "register_strategy", "Strategy", "ServerInputs", "check_collaboration",
+           "row_softmax",
            "Local", "FedAvg", "FedAvgFT", "FedAvgM", "FedProx", "FedAMP", "PFedGraph", "LDAWA", "MOON", "PFedSD",
            "PFedBBN"]
