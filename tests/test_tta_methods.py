@@ -284,6 +284,22 @@ def test_bad_parameters_name_the_field():
             build_local(name, **params)
 
 
+def float64_backends_agree(model, name, **options):
+    """Run ``name`` (FedAvg mixing, 3 steps) on both backends in float64; assert the same predictions and shared
+    state to 1e-9; return the per-backend (step result, shared state) lists."""
+    batches = [dataclasses.replace(b, images=b.images.double()) for b in shifted_batches(steps=3)]
+    results = {}
+    for backend in ("loop", "vectorized"):
+        eng = engine(model, name, backend, **options)
+        results[backend] = [(eng.step(b), eng.local.shared_state(eng.bank)) for b in batches]
+    for (a, sa), (b, sb) in zip(results["loop"], results["vectorized"]):
+        assert (a.correct_local == b.correct_local).all()
+        assert (a.correct_mixed == b.correct_mixed).all()
+        assert set(sa) == set(sb)
+        assert all(torch.allclose(sa[k], sb[k], rtol=0, atol=1e-9) for k in sa)
+    return results
+
+
 # ---------------------------------------------------------------- all three
 @pytest.mark.parametrize("name", sorted(METHOD_CONFIGS))
 def test_backends_agree_with_fedavg(digits_model, name, one_thread):
@@ -295,16 +311,7 @@ def test_backends_agree_with_fedavg(digits_model, name, one_thread):
     predictions agree; see test_engine_backends.)
     """
     model = copy.deepcopy(digits_model).double()
-    batches = [dataclasses.replace(b, images=b.images.double()) for b in shifted_batches(steps=3)]
-    results = {}
-    for backend in ("loop", "vectorized"):
-        eng = engine(model, name, backend)
-        results[backend] = [(eng.step(b), eng.local.shared_state(eng.bank)) for b in batches]
-    for (a, sa), (b, sb) in zip(results["loop"], results["vectorized"]):
-        assert (a.correct_local == b.correct_local).all()
-        assert (a.correct_mixed == b.correct_mixed).all()
-        assert set(sa) == set(sb)
-        assert all(torch.allclose(sa[k], sb[k], rtol=0, atol=1e-9) for k in sa)
+    results = float64_backends_agree(model, name)
     moved = results["vectorized"][-1][1]
     assert any(not torch.equal(moved[k][0], model.state_dict()[k]) for k in moved)
 
@@ -655,14 +662,4 @@ OPTION_CONFIGS = {
 def test_paper_options_backends_agree_with_fedavg(digits_model, key, one_thread):
     """As test_backends_agree_with_fedavg (float64, 3 steps, fedavg mixing) with the paper's behaviour selected."""
     name, options = OPTION_CONFIGS[key]
-    model = copy.deepcopy(digits_model).double()
-    batches = [dataclasses.replace(b, images=b.images.double()) for b in shifted_batches(steps=3)]
-    results = {}
-    for backend in ("loop", "vectorized"):
-        eng = engine(model, name, backend, **options)
-        results[backend] = [(eng.step(b), eng.local.shared_state(eng.bank)) for b in batches]
-    for (a, sa), (b, sb) in zip(results["loop"], results["vectorized"]):
-        assert (a.correct_local == b.correct_local).all()
-        assert (a.correct_mixed == b.correct_mixed).all()
-        assert set(sa) == set(sb)
-        assert all(torch.allclose(sa[k], sb[k], rtol=0, atol=1e-9) for k in sa)
+    float64_backends_agree(copy.deepcopy(digits_model).double(), name, **options)
