@@ -151,8 +151,8 @@ else:
 """),
     ("md", """
 ## TTA-grad as the reference clients ran it: BatchNorm x optimiser
-The paper's TTA-grad Local is 7.6 points below its TTA-bn Local and FedAvg is 5-8 points above Local; on our
-clients (BN on batch statistics, SGD 1e-4) both gaps are near zero. The reference code (FedCTTA's Fling fork, the
+The paper's TTA-grad Local is 7.6 points below its TTA-bn Local and FedAvg is 5-8 points above Local; the first row
+of the table below gives both gaps for our clients (BN on batch statistics, SGD 1e-4), computed from the stored runs. The reference code (FedCTTA's Fling fork, the
 FedTSA-era internal code; `../shared/reference/seed-code-facts.md`) adapts a standard BatchNorm model in train mode,
 so every 10-image batch updates the BN running statistics (momentum 0.1), predicts in eval mode with them, and the
 server mixes the whole state_dict, running statistics included; its optimiser is Adam 1e-5 where the paper says SGD
