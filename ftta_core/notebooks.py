@@ -181,11 +181,15 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
             nb_params.update(redirected)
         target = out / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
+        source = input_notebook(path, out)
         try:
-            pm.execute_notebook(str(path), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
+            pm.execute_notebook(str(source), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
                                 kernel_name="python3", progress_bar=False)
         except Exception as e:  # the committed notebook is untouched: only ``target`` was written
             raise NotebookFailed(path, target, e) from e
+        finally:
+            if source != path:
+                source.unlink(missing_ok=True)
         if in_place:
             _replace_atomically(target, path)
             target.unlink()  # the staging copy is only kept when execution failed
@@ -196,6 +200,32 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
         if on_done is not None:
             on_done(target)
     return done
+
+
+def source_path(path: Path) -> Path:
+    """The notebook's jupytext source, ``NN_name.py`` (py:percent) beside ``NN_name.ipynb``."""
+    return Path(path).with_suffix(".py")
+
+
+def read_source(path: Path) -> Any:
+    """The notebook as its jupytext source defines it (cells, tags; no outputs), as an ``nbformat`` notebook."""
+    import jupytext
+
+    nb = jupytext.read(str(source_path(path)), fmt="py:percent")
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    return nb
+
+
+def input_notebook(path: Path, out: Path) -> Path:
+    """What papermill executes: the cells of the notebook's ``.py`` source (the source of truth; edit it, not the
+    ``.ipynb``), written as ``<out>/.<name>.input.ipynb``; the ``.ipynb`` itself when it has no source."""
+    import nbformat
+
+    if not source_path(path).exists():
+        return Path(path)
+    staged = Path(out) / f".{Path(path).stem}.input.ipynb"
+    nbformat.write(read_source(path), str(staged))
+    return staged
 
 
 def _replace_atomically(executed: Path, committed: Path) -> None:

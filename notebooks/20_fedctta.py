@@ -1,26 +1,35 @@
-"""Author notebooks/20_fedctta.ipynb (FedCTTA step by step, Table I from stored runs, server cost, Table IV, Fig. 5)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 20 · FedCTTA: collaboration from the clients' outputs on noise probes
+#
+# **Paper:** Rajib et al., *FedCTTA: A Collaborative Approach to Continual Test-Time Adaptation in Federated
+# Learning*. Each client adapts locally (TTA-bn: batch statistics; TTA-grad: entropy minimisation), then:
+#
+# 1. **probes** — M = 64 uniform-noise images `z_m`, one set shared by every client (drawn from a seed per step);
+# 2. **statistic** — each client's mean logits on them, `mu_i = 1/M sum_m f_theta_i(z_m)` (Eq. 6): K = 10 floats;
+# 3. **similarity** — `D_ij = -||mu_i - mu_j||_2` (Eq. 5);
+# 4. **W** — `W_i. = softmax_j(D_ij)` (Eq. 7), and the server mixes `theta_i <- sum_j W_ij theta_j`.
+#
+# No server training and nothing kept between rounds (the reference code's EMA of `mu` is an option). This notebook
+# opens one round on a small stream of the embedded digits, reads the CIFAR-10-C Table I runs stored so far, shows
+# the measured server cost against FedTSA, and runs the Table IV and Fig. 5 ablations on the digits. Implementation:
+# `ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta_study.py`, `paper.py`, `server_cost.py`, `plots.py`.
 
-CELLS = [
-    ("md", """
-# 20 · FedCTTA: collaboration from the clients' outputs on noise probes
-
-**Paper:** Rajib et al., *FedCTTA: A Collaborative Approach to Continual Test-Time Adaptation in Federated
-Learning*. Each client adapts locally (TTA-bn: batch statistics; TTA-grad: entropy minimisation), then:
-
-1. **probes** — M = 64 uniform-noise images `z_m`, one set shared by every client (drawn from a seed per step);
-2. **statistic** — each client's mean logits on them, `mu_i = 1/M sum_m f_theta_i(z_m)` (Eq. 6): K = 10 floats;
-3. **similarity** — `D_ij = -||mu_i - mu_j||_2` (Eq. 5);
-4. **W** — `W_i. = softmax_j(D_ij)` (Eq. 7), and the server mixes `theta_i <- sum_j W_ij theta_j`.
-
-No server training and nothing kept between rounds (the reference code's EMA of `mu` is an option). This notebook
-opens one round on a small stream of the embedded digits, reads the CIFAR-10-C Table I runs stored so far, shows
-the measured server cost against FedTSA, and runs the Table IV and Fig. 5 ablations on the digits. Implementation:
-`ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta_study.py`, `paper.py`, `server_cost.py`, `plots.py`.
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1) runs a few steps and a subset of each grid
 smoke = False
 seed = 0
@@ -37,8 +46,8 @@ sweep_seeds = [0]
 sh_values = [0.05, 0.2, 0.5, 0.75]
 th_values = [0.01, 0.02, 0.05, 0.1]
 compute_sweeps = False  # True: run Fig 2's missing CIFAR-10-C runs here (or plan them: FTTA_PLAN, README)
-"""),
-    ("code", """
+
+# %%
 import json
 import tempfile
 from pathlib import Path
@@ -78,14 +87,14 @@ n_steps = cfg.max_steps or len(stream)
 groups = cluster_groups(stream.scenario.domain_map)
 print(f"{clients} clients in {len(groups)} clusters {list(groups.values())}, {n_steps} steps of batch "
       f"{cfg.batch_size}, slots of {stream.scenario.slot_steps} steps; seeds {seeds}")
-"""),
-    ("md", """
-## One FedCTTA round, opened up (TTA-bn)
-FedCTTA runs on the stream; at the last step the server's computation is redone in the open from the clients'
-uploads: the probes (three of the 64 shown), each client's mean logits on them, the distances and W. The engine's
-own W at that step is compared with the recomputed one.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## One FedCTTA round, opened up (TTA-bn)
+# FedCTTA runs on the stream; at the last step the server's computation is redone in the open from the clients'
+# uploads: the probes (three of the 64 shown), each client's mean logits on them, the distances and W. The engine's
+# own W at that step is compared with the recomputed one.
+
+# %%
 engine = Engine(load_source_model(cfg.model_name), build_local("bn"), build_strategy("fedctta", seed=seed), clients,
                 "vectorized")
 walk_results = [engine.step(stream.batch(t)) for t in range(n_steps - 1)]
@@ -104,16 +113,16 @@ axes[3].set_yticklabels(names, rotation=0)
 plots.collaboration_heatmap(opened.distances.numpy(), ax=axes[4], title="||mu_i - mu_j||", labels=names)
 plots.collaboration_heatmap(opened.weights.numpy(), ax=axes[5], title="W = softmax(-distance)", labels=names)
 fig.tight_layout()
-"""),
-    ("md", """
-## The collaboration matrix over rounds, and client 0 over time
-Same stream and run. Clients in one cluster see the same corruption at every step; FedCTTA's W favours them only
-if their probe statistics are closer to each other than to other clusters' *and* the softmax of the negative
-distances is sharp enough to turn that into weight (the paper's Fig. 3 and 4, there on CIFAR-10-C with 10 clients in
-3 groups). Below: Local and FedAvg on the same stream, the mean distances within and across clusters at the opened
-step, and how each client splits its weight between itself, its cluster and the other clusters.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## The collaboration matrix over rounds, and client 0 over time
+# Same stream and run. Clients in one cluster see the same corruption at every step; FedCTTA's W favours them only
+# if their probe statistics are closer to each other than to other clusters' *and* the softmax of the negative
+# distances is sharp enough to turn that into weight (the paper's Fig. 3 and 4, there on CIFAR-10-C with 10 clients in
+# 3 groups). Below: Local and FedAvg on the same stream, the mean distances within and across clusters at the opened
+# step, and how each client splits its weight between itself, its cluster and the other clusters.
+
+# %%
 W = np.stack([r.weights for r in walk_results] + [opened.engine_weights])
 shown = sorted({0, *range(stream.scenario.slot_steps - 1, n_steps, stream.scenario.slot_steps), n_steps - 1})[:6]
 plots.collaboration_snapshots(W, shown)
@@ -132,17 +141,17 @@ contrast = distance_contrast(opened.distances.numpy(), groups)
 display(pd.DataFrame({"accuracy after mixing (%)": walk}).round(2))
 print("mean distance at the opened step, within / across clusters:", {k: round(v, 2) for k, v in contrast.items()})
 display(shares.round(3))
-"""),
-    ("md", """
-## Table I: CIFAR-10-C, stored runs beside the paper
-`python -m ftta_core fedtsa-table --tta bn|grad --strategies ... --results figures/fedtsa_table1/runs` runs the
-protocol (20 clients, batch 10, 500 images per client and corruption, severity 5, NIID = 4 clusters SH = 0.2 and
-IID) and stores one summary per run. This cell reads what is stored (it runs nothing) and lays it beside FedCTTA's
-Table I (`paper_*`) and FedTSA's Table 1 (`fedtsa_paper_mean`): the two papers report different numbers for the
-same methods and protocol (compare the No-Adapt rows; see the comments in `data/paper_numbers/fedctta_table1.csv`).
-Our TTA-grad setting is FedTSA's (SGD lr 1e-4); FedCTTA's paper used lr 1e-5.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table I: CIFAR-10-C, stored runs beside the paper
+# `python -m ftta_core fedtsa-table --tta bn|grad --strategies ... --results figures/fedtsa_table1/runs` runs the
+# protocol (20 clients, batch 10, 500 images per client and corruption, severity 5, NIID = 4 clusters SH = 0.2 and
+# IID) and stores one summary per run. This cell reads what is stored (it runs nothing) and lays it beside FedCTTA's
+# Table I (`paper_*`) and FedTSA's Table 1 (`fedtsa_paper_mean`): the two papers report different numbers for the
+# same methods and protocol (compare the No-Adapt rows; see the comments in `data/paper_numbers/fedctta_table1.csv`).
+# Our TTA-grad setting is FedTSA's (SGD lr 1e-4); FedCTTA's paper used lr 1e-5.
+
+# %%
 table1_strategies = ["local", "fedavg", "fedavg_ft", "fedprox", "fedavgm", "moon", "pfedsd", "pfedgraph", "ldawa",
                      "fedtsa", "fedctta"]
 table1 = stored_table1_runs(results_dir, table1_strategies, cifar_seeds)
@@ -155,16 +164,16 @@ missing = missing_table1_runs(table1, table1_strategies, cifar_seeds)
 print(f"still missing: {len(missing)} of {4 * len(table1_strategies)} (tta, setting, method) rows lack some of "
       f"seeds {cifar_seeds}")
 display(missing)
-"""),
-    ("md", """
-## Table II: CIFAR-10-C per corruption, IID, TTA-bn
-Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
-summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs
-each row averages (the No-Adapt row counts one entry per distinct run, CPU and GPU runs of one seed included).
-The paper's source model scores 30.5% without adaptation, ours 63.5%: compare each method's gap to FedAvg, not the
-absolute values.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
+# Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
+# summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs
+# each row averages (the No-Adapt row counts one entry per distinct run, CPU and GPU runs of one seed included).
+# The paper's source model scores 30.5% without adaptation, ours 63.5%: compare each method's gap to FedAvg, not the
+# absolute values.
+
+# %%
 table2_methods = ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"]
 iid_bn = table1_config("cifar10", "iid", "bn")
 table2 = per_domain_table(stored_summaries(iid_bn, {s: {"strategy": s} for s in table2_methods}, cifar_seeds,
@@ -174,40 +183,40 @@ if table2.empty:
 else:
     display(table2.rename(index=lambda s: METHOD_LABELS.get(s, s)).round(2))
 display(beside_per_corruption(table2, "fedctta_table2", dataset="cifar10").round(2))
-"""),
-    ("md", """
-## Table III: the 10-client case study with the paper's orders (TTA-bn)
-Clients 1-4 walk the corruptions in order, clients 5-7 the same walk four corruptions ahead (from Glass blur),
-clients 8-10 in reverse; 500 images per client and corruption, batch 10. This cell reads the runs stored by
-`python -m ftta_core case-study --orders fedctta --strategies local fedavg pfedgraph fedtsa fedctta --out
-figures/case_study/cifar10_bn_fedctta` (stored runs are reused, so adding a strategy runs only that one). Rows:
-accuracy of all ten clients per slot, ours and the paper's; the mean is over the slots both have.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table III: the 10-client case study with the paper's orders (TTA-bn)
+# Clients 1-4 walk the corruptions in order, clients 5-7 the same walk four corruptions ahead (from Glass blur),
+# clients 8-10 in reverse; 500 images per client and corruption, batch 10. This cell reads the runs stored by
+# `python -m ftta_core case-study --orders fedctta --strategies local fedavg pfedgraph fedtsa fedctta --out
+# figures/case_study/cifar10_bn_fedctta` (stored runs are reused, so adding a strategy runs only that one). Rows:
+# accuracy of all ten clients per slot, ours and the paper's; the mean is over the slots both have.
+
+# %%
 case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"])
 if case_runs:
     display(beside_fedctta_table3(case_runs).round(2))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
-"""),
-    ("md", """
-## Fig. 2: robustness to spatial and temporal heterogeneity (CIFAR-10-C, TTA-bn)
-The paper varies SH with TH = 0.02 fixed, and TH with SH = 0.2 fixed (20 clients, its Fig. 2a/2b for CIFAR-10-C;
-the figure's values are not in the text, so only its claims can be set beside ours: every method loses accuracy as
-SH grows, FedAvg most, FedCTTA stays best; at high TH FedCTTA is close to FedTSA). Our runs use the `heterogeneity`
-scenario (SH = clusters / clients, TH = 1 / slot length; `ftta_core.scenarios.heterogeneity_scenario`), the
-protocol's other settings, and are stored in `sweep_dir`, shared with notebook 11's Fig. 4. This cell reads what is
-stored and lists what is missing: `-p compute_sweeps=True` runs it, `FTTA_PLAN` plans it for `run-plan`.
 
-Under TTA-bn a strategy without state (Local, FedAvg, FedAMP: each step normalises with that step's batch statistics
-and mixes that step's uploads) cannot depend on TH as long as the slot length divides the 50 steps a client spends
-on a corruption (TH = 0.02, 0.1 here; not 0.05): a shorter slot then only reorders the same per-step batches, and
-the corruptions the clusters meet at one step, in time (tested in `tests/test_workbook.py`).
-Only a server that carries something between steps (FedTSA's memory, pFedGraph's state) or draws something per
-step (FedCTTA's probes) can respond to TH here; the paper's TH curves come from a setting where the client models
-themselves change over time.
-"""),
-    ("code", """
+# %% [markdown]
+# ## Fig. 2: robustness to spatial and temporal heterogeneity (CIFAR-10-C, TTA-bn)
+# The paper varies SH with TH = 0.02 fixed, and TH with SH = 0.2 fixed (20 clients, its Fig. 2a/2b for CIFAR-10-C;
+# the figure's values are not in the text, so only its claims can be set beside ours: every method loses accuracy as
+# SH grows, FedAvg most, FedCTTA stays best; at high TH FedCTTA is close to FedTSA). Our runs use the `heterogeneity`
+# scenario (SH = clusters / clients, TH = 1 / slot length; `ftta_core.scenarios.heterogeneity_scenario`), the
+# protocol's other settings, and are stored in `sweep_dir`, shared with notebook 11's Fig. 4. This cell reads what is
+# stored and lists what is missing: `-p compute_sweeps=True` runs it, `FTTA_PLAN` plans it for `run-plan`.
+#
+# Under TTA-bn a strategy without state (Local, FedAvg, FedAMP: each step normalises with that step's batch statistics
+# and mixes that step's uploads) cannot depend on TH as long as the slot length divides the 50 steps a client spends
+# on a corruption (TH = 0.02, 0.1 here; not 0.05): a shorter slot then only reorders the same per-step batches, and
+# the corruptions the clusters meet at one step, in time (tested in `tests/test_workbook.py`).
+# Only a server that carries something between steps (FedTSA's memory, pFedGraph's state) or draws something per
+# step (FedCTTA's probes) can respond to TH here; the paper's TH curves come from a setting where the client models
+# themselves change over time.
+
+# %%
 FIG2 = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
 if smoke:
     sweep_dir, compute_sweeps, sh_values, th_values = tempfile.mkdtemp(), True, [0.5], [0.2]
@@ -234,15 +243,15 @@ missing = [(field, value, s) for field, values in (("sh", sh_values), ("th", th_
 print(f"{len(missing)} (point, strategy) cells not stored for all of seeds {sweep_seeds}:", missing)
 for field, table in fig2.items():
     display(Markdown(sweep_reading(table, field, "fedctta", METHOD_LABELS)))
-"""),
-    ("md", """
-## Server cost: FedCTTA vs FedTSA (FedAvg as the floor)
-Measured by `benchmarks/server_cost.py` (command and machine in `benchmarks/results/server_cost_cpu.md`): the
-strategies driven with synthetic uploads of the ResNet-8 shapes, FedTSA at its defaults (T = 10, 100 server
-steps per round, bank prefilled to T). Left: server seconds per round (W + mixing the BN statistics); middle: bytes
-the strategy holds between rounds; right: bytes held after each round from an empty server.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Server cost: FedCTTA vs FedTSA (FedAvg as the floor)
+# Measured by `benchmarks/server_cost.py` (command and machine in `benchmarks/results/server_cost_cpu.md`): the
+# strategies driven with synthetic uploads of the ResNet-8 shapes, FedTSA at its defaults (T = 10, 100 server
+# steps per round, bank prefilled to T). Left: server seconds per round (W + mixing the BN statistics); middle: bytes
+# the strategy holds between rounds; right: bytes held after each round from an empty server.
+
+# %%
 cost_result = json.loads(Path(server_cost_json).read_text())
 cost = scaling_table(cost_result)
 print(cost_result["command"], "|", cost_result["device_name"], "|", cost_result["date"])
@@ -252,15 +261,15 @@ display(pd.DataFrame(cost_result["uploads"]))
 display(pd.DataFrame(cost_result["probe_forward"])[["clients", "seconds", "seconds_per_client"]].round(4))
 plots.server_cost_figure(cost_result)
 plt.gcf().tight_layout()
-"""),
-    ("md", """
-## Table IV on the digits: probe data x statistic x distance
-Every cell is FedCTTA on the digits stream with a different probe set (uniform noise, or 64 clean training
-digits drawn once from a seed) and statistic (mean logits, or mean penultimate features) and distance. The paper's
-Table IV is TTA-grad on CIFAR-10-C; here it is TTA-bn, because under TTA-grad with lr 1e-4 on this stream the
-client models barely move and W has little to act on (the Local and FedAvg references below show it).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table IV on the digits: probe data x statistic x distance
+# Every cell is FedCTTA on the digits stream with a different probe set (uniform noise, or 64 clean training
+# digits drawn once from a seed) and statistic (mean logits, or mean penultimate features) and distance. The paper's
+# Table IV is TTA-grad on CIFAR-10-C; here it is TTA-bn, because under TTA-grad with lr 1e-4 on this stream the
+# client models barely move and W has little to act on (the Local and FedAvg references below show it).
+
+# %%
 probe_images = clean_probe_images("embedded_digits", build_strategy("fedctta").n_probes, seed)
 t4_variants = table4_variants(probe_images)
 if smoke:
@@ -275,15 +284,15 @@ grad_grid = live_grid(grad_cfg, {"Local": Variant("local"), "FedAvg": Variant("f
 grad_refs = grad_grid.groupby("variant")["accuracy"].mean().to_dict()
 print("references (TTA-grad):", {k: round(v, 2) for k, v in grad_refs.items()})
 display(t4.round(2))
-"""),
-    ("md", """
-## Fig. 5 on the digits: aggregation interval and batch size (and the temperature)
-(a) FedCTTA aggregating every k-th step (W = I in between). (b) Local, FedAvg and FedCTTA at several batch sizes;
-each distribution still lasts `images_per_client` images per client, so larger batches mean fewer steps per
-distribution. (c) Not in the paper: the softmax temperature (the paper fixes 1), because W's sharpness depends on
-the scale of the model's logits.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Fig. 5 on the digits: aggregation interval and batch size (and the temperature)
+# (a) FedCTTA aggregating every k-th step (W = I in between). (b) Local, FedAvg and FedCTTA at several batch sizes;
+# each distribution still lasts `images_per_client` images per client, so larger batches mean fewer steps per
+# distribution. (c) Not in the paper: the softmax temperature (the paper fixes 1), because W's sharpness depends on
+# the scale of the model's logits.
+
+# %%
 intervals = [1, 3] if smoke else [1, 2, 3, 6, 12, 36]
 interval_grid = live_grid(cfg, interval_variants(intervals), seeds, cache=runs)
 interval_grid["interval"] = interval_grid.variant.str.split().str[-1].astype(int)
@@ -291,7 +300,7 @@ batches = [10, 30] if smoke else [10, 20, 30, 60]
 batch_grid = live_grid(cfg, batch_size_variants(batches, images_per_client,
                                                ("fedavg", "fedctta") if smoke else ("local", "fedavg", "fedctta")), seeds,
                        cache=runs)
-batch_grid[["strategy", "batch"]] = batch_grid.variant.str.extract(r"(\\w+) / batch (\\d+)")
+batch_grid[["strategy", "batch"]] = batch_grid.variant.str.extract(r"(\w+) / batch (\d+)")
 batch_grid["batch"] = batch_grid.batch.astype(int)
 temperatures = [1, 10] if smoke else [1, 3, 10, 30]
 temperature_grid = live_grid(cfg, temperature_variants(temperatures), seeds, cache=runs)
@@ -310,17 +319,13 @@ axes[2].axhline(refs.get("fedavg", np.nan), color="gray", ls="--", lw=1, label="
 axes[2].legend(fontsize=7)
 axes[2].set_title("(c) softmax temperature (not in the paper)")
 fig.tight_layout()
-"""),
-    ("md", """
-## Reading it
-Written from the numbers computed above (and the stored runs and the benchmark file), so it stays true when they
-change.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Reading it
+# Written from the numbers computed above (and the stored runs and the benchmark file), so it stays true when they
+# change.
+
+# %%
 display(Markdown(reading(walk, shares, contrast, t4, grad_refs, interval_grid, temperature_grid, batch_grid, cost,
                          table1, pd.DataFrame(cost_result["over_rounds"]),
                          beside_fedctta_table3(case_runs) if case_runs else None, fig2)))
-"""),
-]
-
-build(CELLS, Path(__file__).resolve().parents[1] / "20_fedctta.ipynb")

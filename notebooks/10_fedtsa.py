@@ -1,30 +1,39 @@
-"""Author notebooks/10_fedtsa.ipynb (the method step by step, and the committed Table 1 runs beside the paper)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 10 · FedTSA: temporal-spatial attention aggregation
+#
+# **Paper:** Zhang et al., *Enabling Collaborative Test-Time Adaptation in Dynamic Environment via Federated
+# Learning*, KDD 2024. Every client uploads an **indicator**: the batch mean of the frozen source model's
+# penultimate features (D = 256 for ResNet-8). The server keeps the last T indicators of every client (a bounded
+# memory bank `X[T, N, D]`) and trains a small **TS-Block** each round:
+#
+# 1. temporal self-attention per client over its T steps (Eq. 9-11), then spatial self-attention across clients at
+#    every step (Eq. 12-14); Q and K are learnable (identity-initialised), V is the identity;
+# 2. the collaboration matrix is the spatial attention at the current step: `W_t = softmax(A^(S)_t)`;
+# 3. heterogeneity-aware augmentation: a current-similarity mask (cosine >= mean, Eq. 15) refined by Bernoulli
+#    draws from the attention, and a temporal mask from the temporal attention, give a second output `X_TSA'`;
+# 4. the block minimises `L = ||X_TSA - X||^2 + lambda ||X_TSA - X_TSA'||^2` (Eq. 18) with Adam (lr 1e-3, T = 10,
+#    lambda = 1, 100 server steps per round here).
+#
+# This notebook runs it on a small stream and opens the server's state at the last step. Implementation:
+# `ftta_core/strategies/fedtsa.py` and `ts_block.py` (where the published code differs from the paper, the paper is
+# the default and the code's choice is an option; see the module docstrings).
 
-CELLS = [
-    ("md", """
-# 10 · FedTSA: temporal-spatial attention aggregation
-
-**Paper:** Zhang et al., *Enabling Collaborative Test-Time Adaptation in Dynamic Environment via Federated
-Learning*, KDD 2024. Every client uploads an **indicator**: the batch mean of the frozen source model's
-penultimate features (D = 256 for ResNet-8). The server keeps the last T indicators of every client (a bounded
-memory bank `X[T, N, D]`) and trains a small **TS-Block** each round:
-
-1. temporal self-attention per client over its T steps (Eq. 9-11), then spatial self-attention across clients at
-   every step (Eq. 12-14); Q and K are learnable (identity-initialised), V is the identity;
-2. the collaboration matrix is the spatial attention at the current step: `W_t = softmax(A^(S)_t)`;
-3. heterogeneity-aware augmentation: a current-similarity mask (cosine >= mean, Eq. 15) refined by Bernoulli
-   draws from the attention, and a temporal mask from the temporal attention, give a second output `X_TSA'`;
-4. the block minimises `L = ||X_TSA - X||^2 + lambda ||X_TSA - X_TSA'||^2` (Eq. 18) with Adam (lr 1e-3, T = 10,
-   lambda = 1, 100 server steps per round here).
-
-This notebook runs it on a small stream and opens the server's state at the last step. Implementation:
-`ftta_core/strategies/fedtsa.py` and `ts_block.py` (where the published code differs from the paper, the paper is
-the default and the code's choice is an option; see the module docstrings).
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1) runs a few steps with a short server training
 smoke = False
 seed = 0
@@ -32,8 +41,8 @@ clients = 8
 window = 10
 server_steps = 100
 results_dir = "../figures/fedtsa_table1/runs"
-"""),
-    ("code", """
+
+# %%
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -55,11 +64,12 @@ stream = build_stream(cfg)
 n_steps = 6 if smoke else 30
 steps = server_steps if not smoke else 5
 print(f"{clients} clients in 4 clusters (pairs), {n_steps} steps, slot = {stream.scenario.slot_steps} steps")
-"""),
-    ("md", """
-## Run FedTSA with BN adaptation (TTA-bn), and Local / FedAvg on the same stream
-"""),
-    ("code", """
+
+
+# %% [markdown]
+# ## Run FedTSA with BN adaptation (TTA-bn), and Local / FedAvg on the same stream
+
+# %%
 def run(strategy):
     engine = Engine(load_source_model(cfg.model_name), build_local("bn"), strategy, clients, "vectorized")
     results = [engine.step(stream.batch(t)) for t in range(n_steps)]
@@ -70,14 +80,14 @@ fedtsa, fedtsa_results, acc_tsa = run(build_strategy("fedtsa", window=window, se
 _, local_results, acc_local = run(build_strategy("local"))
 _, fedavg_results, acc_avg = run(build_strategy("fedavg"))
 pd.DataFrame({"accuracy after mixing (%)": [acc_local, acc_avg, acc_tsa]}, index=["Local", "FedAvg", "FedTSA"]).round(2)
-"""),
-    ("md", """
-## Inside the server at the last step
-Left to right: the indicators (2-D PCA, coloured by the corruption each client currently sees), the current
-similarity mask `M^cur`, the learned spatial attention = W, the last sampled spatial mask, one client's temporal
-attention over the window, and the server's loss during this round.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Inside the server at the last step
+# Left to right: the indicators (2-D PCA, coloured by the corruption each client currently sees), the current
+# similarity mask `M^cur`, the learned spatial attention = W, the last sampled spatial mask, one client's temporal
+# attention over the window, and the server's loss during this round.
+
+# %%
 diag = fedtsa.strategy.last_diagnostics
 memory = fedtsa.strategy.memory.buffer
 ind = memory[(diag.window_steps[-1]) % window] if memory is not None else None
@@ -106,8 +116,8 @@ axes[5].plot(diag.loss_robustness, label="||X_TSA - X_TSA'||^2")
 axes[5].set(title=f"server loss, round {diag.step} ({diag.seconds:.2f} s)", xlabel="server step")
 axes[5].legend(fontsize=7)
 fig.tight_layout()
-"""),
-    ("code", """
+
+# %%
 # computed from the runs above: which method leads on this small stream, and where FedTSA's W puts its weight
 accs = {"Local": acc_local, "FedAvg": acc_avg, "FedTSA": acc_tsa}
 order = sorted(accs, key=accs.get, reverse=True)
@@ -119,16 +129,16 @@ uniform = float(same.sum(1).mean() / clients)
 print(f"On this stream: {' > '.join(f'{m} {accs[m]:.2f}' for m in order)} (seed {seed}, {n_steps} steps). "
       f"At the last step FedTSA gives {share:.2f} of each client's weight to clients on the same corruption "
       f"(self included; FedAvg: {uniform:.2f}).")
-"""),
-    ("md", """
-## CIFAR-10-C, FedTSA Table 1 protocol: the runs committed so far, beside the paper
-`python -m ftta_core fedtsa-table` runs the protocol (20 clients, batch 10, 500 images per client and corruption,
-severity 5, NIID 4-area map and IID) and stores one summary per run under `figures/fedtsa_table1/runs/`. This cell
-reads the stored runs of the paper's two modes (TTA-bn; TTA-grad = Tent on all parameters, SGD 1e-4, BN on batch
-statistics) by config (no new runs) and lays them beside the paper's Table 1. Source model: our ResNet-8
-(`resnet8_cifar10`, `data/checkpoints/README.md`).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## CIFAR-10-C, FedTSA Table 1 protocol: the runs committed so far, beside the paper
+# `python -m ftta_core fedtsa-table` runs the protocol (20 clients, batch 10, 500 images per client and corruption,
+# severity 5, NIID 4-area map and IID) and stores one summary per run under `figures/fedtsa_table1/runs/`. This cell
+# reads the stored runs of the paper's two modes (TTA-bn; TTA-grad = Tent on all parameters, SGD 1e-4, BN on batch
+# statistics) by config (no new runs) and lays them beside the paper's Table 1. Source model: our ResNet-8
+# (`resnet8_cifar10`, `data/checkpoints/README.md`).
+
+# %%
 from IPython.display import Markdown
 
 from ftta_core.paper import (METHOD_LABELS, beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs,
@@ -144,25 +154,25 @@ else:
         print(f"TTA-{tta}")
         display(beside_fedtsa_table1(group, "cifar10", tta, [m for m in methods if m in set(group.strategy)]).round(2))
     # the paper's claims (NIID: FedTSA beats Local and FedAvg; IID: it matches FedAvg), computed from the runs
-    display(Markdown("\\n\\n".join(fedtsa_claims_reading(group, tta) for tta, group in runs.groupby("tta"))))
+    display(Markdown("\n\n".join(fedtsa_claims_reading(group, tta) for tta, group in runs.groupby("tta"))))
     src = runs.groupby("seed")["accuracy_source"].first().mean()
     print(f"No-Adapt (the frozen source model) on this protocol: {src:.2f}% here, 35.19% in the paper: every "
           "method starts from a different place, so compare differences between methods, not absolute numbers.")
-"""),
-    ("md", """
-## TTA-grad as the reference clients ran it: BatchNorm x optimiser
-The paper's TTA-grad Local is 7.6 points below its TTA-bn Local and FedAvg is 5-8 points above Local; the first row
-of the table below gives both gaps for our clients (BN on batch statistics, SGD 1e-4), computed from the stored runs. The reference code (FedCTTA's Fling fork, the
-FedTSA-era internal code; `../shared/reference/seed-code-facts.md`) adapts a standard BatchNorm model in train mode,
-so every 10-image batch updates the BN running statistics (momentum 0.1), predicts in eval mode with them, and the
-server mixes the whole state_dict, running statistics included; its optimiser is Adam 1e-5 where the paper says SGD
-1e-4. `--local-param bn=running` is that client (`ftta_core/tta/running.py`; tested against a plain `nn.Module`
-train/eval loop in `tests/test_running_bn.py`). The 2x2 below crosses BN {batch, running} with the optimiser
-{SGD 1e-4, Adam 1e-5} on the NIID protocol (seed 0 first): `python -m ftta_core fedtsa-table --tta CELL
---strategies local fedavg fedtsa --seeds 0 --settings niid --results figures/fedtsa_table1/runs --table ...`
-with CELL in grad, grad-adam, grad-running, grad-running-adam. Differences are paired by seed; NaN = not run yet.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## TTA-grad as the reference clients ran it: BatchNorm x optimiser
+# The paper's TTA-grad Local is 7.6 points below its TTA-bn Local and FedAvg is 5-8 points above Local; the first row
+# of the table below gives both gaps for our clients (BN on batch statistics, SGD 1e-4), computed from the stored runs. The reference code (FedCTTA's Fling fork, the
+# FedTSA-era internal code; `../shared/reference/seed-code-facts.md`) adapts a standard BatchNorm model in train mode,
+# so every 10-image batch updates the BN running statistics (momentum 0.1), predicts in eval mode with them, and the
+# server mixes the whole state_dict, running statistics included; its optimiser is Adam 1e-5 where the paper says SGD
+# 1e-4. `--local-param bn=running` is that client (`ftta_core/tta/running.py`; tested against a plain `nn.Module`
+# train/eval loop in `tests/test_running_bn.py`). The 2x2 below crosses BN {batch, running} with the optimiser
+# {SGD 1e-4, Adam 1e-5} on the NIID protocol (seed 0 first): `python -m ftta_core fedtsa-table --tta CELL
+# --strategies local fedavg fedtsa --seeds 0 --settings niid --results figures/fedtsa_table1/runs --table ...`
+# with CELL in grad, grad-adam, grad-running, grad-running-adam. Differences are paired by seed; NaN = not run yet.
+
+# %%
 cells = tta_grad_cells(results_dir=results_dir, seeds=all_seeds)
 shown = cells[cells.seeds > 0] if (cells.seeds > 0).any() else cells
 display(shown.round(2).set_index(["cell", "setting"]))
@@ -173,7 +183,7 @@ if len(ran):
     for ax, (col, paper_col, title) in zip(axes, [("local - local(bn)", "paper: local - local(bn)",
                                                    "Local(TTA-grad) - Local(TTA-bn)"),
                                                   ("FedAvg - local", "paper: FedAvg - local", "FedAvg - Local (TTA-grad)")]):
-        labels = [f"{r.bn} BN\\n{r.optimizer.split()[0]}\\n{r.setting.upper()}" for r in ran.itertuples()]
+        labels = [f"{r.bn} BN\n{r.optimizer.split()[0]}\n{r.setting.upper()}" for r in ran.itertuples()]
         x = np.arange(len(ran))
         ax.bar(x - 0.2, ran[col], 0.4, yerr=ran[col + " sd"].fillna(0), capsize=3,
                label="ours (seed-paired mean ± sd)")
@@ -184,16 +194,12 @@ if len(ran):
     axes[0].set_ylabel("accuracy difference (points)")
     axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-"""),
-    ("md", """
-## Reading it
-FedTSA's W is a learned attention over the indicator memory; the first computed line of this notebook says how
-much of it falls on clients that see the same corruption on the small stream, and the Table 1 reading says which of
-the paper's claims hold on the stored runs. One property of the method to keep in mind when reading W: the first
-term of the loss, `||X_TSA - X||^2`, is zero when W is the identity, so it pulls W towards Local; the augmentation
-term is what pulls clients together. The TTA-grad reading above is computed from the 2x2's stored runs: it says, per
-cell, whether the paper's pattern (Local(grad) below Local(bn), FedAvg above Local) appears.
-"""),
-]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "10_fedtsa.ipynb")
+# %% [markdown]
+# ## Reading it
+# FedTSA's W is a learned attention over the indicator memory; the first computed line of this notebook says how
+# much of it falls on clients that see the same corruption on the small stream, and the Table 1 reading says which of
+# the paper's claims hold on the stored runs. One property of the method to keep in mind when reading W: the first
+# term of the loss, `||X_TSA - X||^2`, is zero when W is the identity, so it pulls W towards Local; the augmentation
+# term is what pulls clients together. The TTA-grad reading above is computed from the 2x2's stored runs: it says, per
+# cell, whether the paper's pattern (Local(grad) below Local(bn), FedAvg above Local) appears.

@@ -1,22 +1,31 @@
-"""Author notebooks/12_fedtsa_collaboration.ipynb (the 10-client, 3-group case study: Table 4, Figs 5-6)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 12 · FedTSA: who collaborates with whom (case study, Table 4, Figs 5-6)
+#
+# **Paper:** FedTSA (KDD'24), Sec. 5.5 and App. B.3. Ten clients in three groups walk through the 15 corruptions
+# (severity 5, one corruption per 50-step slot, TH = 0.02): clients 1-4 in the standard order, clients 5-7 the same
+# walk one slot ahead, clients 8-10 in reverse order. Group 2 has seen a corruption one slot before group 1 and group
+# 3 meet it; groups 1 and 3 meet on the middle corruption (Snow, slot 8 in the paper's 1-based numbering). The paper
+# reads its Fig 5 as FedTSA's matrix showing the three groups as blocks, with groups 1 and 3 taking from group 2 (which
+# adapted to Snow just before) in the Snow slot; the reading at the end checks this on our runs. The paper ran this on
+# CIFAR-100-C; CIFAR-100 is not available here, so we run it on CIFAR-10-C with our ResNet-8
+# (`python -m ftta_core case-study`, scenario `case_study`).
 
-CELLS = [
-    ("md", """
-# 12 · FedTSA: who collaborates with whom (case study, Table 4, Figs 5-6)
-
-**Paper:** FedTSA (KDD'24), Sec. 5.5 and App. B.3. Ten clients in three groups walk through the 15 corruptions
-(severity 5, one corruption per 50-step slot, TH = 0.02): clients 1-4 in the standard order, clients 5-7 the same
-walk one slot ahead, clients 8-10 in reverse order. Group 2 has seen a corruption one slot before group 1 and group
-3 meet it; groups 1 and 3 meet on the middle corruption (Snow, slot 8 in the paper's 1-based numbering). The paper
-reads its Fig 5 as FedTSA's matrix showing the three groups as blocks, with groups 1 and 3 taking from group 2 (which
-adapted to Snow just before) in the Snow slot; the reading at the end checks this on our runs. The paper ran this on
-CIFAR-100-C; CIFAR-100 is not available here, so we run it on CIFAR-10-C with our ResNet-8
-(`python -m ftta_core case-study`, scenario `case_study`).
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1): a few steps on the embedded digits, nothing read from figures/
 smoke = False
 seed = 0
@@ -25,8 +34,8 @@ results_dir = "../figures/case_study/cifar10_bn"
 strategies = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
 highlight_slot = 7  # 0-based: the Snow slot of groups 1 and 3
 max_steps = None  # the paper's 750 steps; 400 covers slots 0-7 (the stored CPU run: -p max_steps 400)
-"""),
-    ("code", """
+
+# %%
 import tempfile
 
 import matplotlib.pyplot as plt
@@ -52,21 +61,21 @@ else:
                            severity=5, seed=seed, max_steps=max_steps, **TTA_SETTINGS[tta])
 runs = run_stored(cfg, strategies, results_dir)  # reads the stored runs; runs only what is missing
 case_study_domains(runs[strategies[0]])
-"""),
-    ("md", """
-## Accuracy per group and slot
-Accuracy after aggregation (%) of every group in every slot; the `all clients` rows are the shape of the paper's
-Table 4 (which averages over all ten clients).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Accuracy per group and slot
+# Accuracy after aggregation (%) of every group in every slot; the `all clients` rows are the shape of the paper's
+# Table 4 (which averages over all ten clients).
+
+# %%
 table = case_study_table(runs)
 table.round(2)
-"""),
-    ("md", """
-Beside the paper's Table 4 (mean over the slots we ran, all ten clients). The paper's numbers are for **CIFAR-100-C**
-with a ResNeXt-29, ours for CIFAR-10-C with ResNet-8: compare the ordering of the methods, not the values.
-"""),
-    ("code", """
+
+# %% [markdown]
+# Beside the paper's Table 4 (mean over the slots we ran, all ten clients). The paper's numbers are for **CIFAR-100-C**
+# with a ResNeXt-29, ours for CIFAR-10-C with ResNet-8: compare the ordering of the methods, not the values.
+
+# %%
 paper = paper_table("fedtsa_table4")
 slots_run = [str(c + 1) for c in table.columns if c != "mean"]  # the paper numbers its slots from 1
 paper_mean = paper[paper.slot.astype(str).isin(slots_run)].groupby("method").accuracy.mean()  # same slots as ours
@@ -74,13 +83,13 @@ ours = table.xs(CASE_STUDY_ALL, level="group")["mean"].rename(index=lambda s: ME
 source = pd.Series({"No-Adapt": next(iter(runs.values())).summary["accuracy_source"]})
 side = pd.DataFrame({f"ours, {cfg.dataset}-C (%)": pd.concat([source, ours]), "paper, CIFAR-100-C (%)": paper_mean})
 side.reindex([*source.index, *ours.index, *paper_mean.index.difference(ours.index).difference(source.index)]).round(2)
-"""),
-    ("md", """
-## Fig 5: the collaboration matrices in the highlighted slot
-W averaged over the 50 steps of the slot (row i: how much client i takes from client j; clients 0-3, 4-6, 7-9 are
-the paper's groups 1, 2, 3).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Fig 5: the collaboration matrices in the highlighted slot
+# W averaged over the 50 steps of the slot (row i: how much client i takes from client j; clients 0-3, 4-6, 7-9 are
+# the paper's groups 1, 2, 3).
+
+# %%
 slot_steps = cfg.images_per_client // cfg.batch_size
 window = slice(highlight_slot * slot_steps, (highlight_slot + 1) * slot_steps)
 shown = [s for s in ["fedamp", "pfedgraph", "fedtsa", "fedctta"] if s in runs] or list(runs)
@@ -89,56 +98,52 @@ for ax, s in zip(axes[0], shown):
     plots.collaboration_heatmap(runs[s].collaboration[window].mean(0), ax=ax,
                                 title=f"{METHOD_LABELS.get(s, s)}, slot {highlight_slot}")
 fig.tight_layout()
-"""),
-    ("md", """
-How each group splits its weight in that slot (self, the rest of its own group, each other group):
-"""),
-    ("code", """
+
+# %% [markdown]
+# How each group splits its weight in that slot (self, the rest of its own group, each other group):
+
+# %%
 shares = pd.concat({METHOD_LABELS.get(s, s): group_weight_shares(runs[s].collaboration, steps=window) for s in shown})
 shares.round(3)
-"""),
-    ("md", """
-The same slot by corruption rather than by group: the share of each group's weight on the clients that see **its own
-corruption** at that step (groups 1 and 3 share one in this slot), beside what uniform mixing (FedAvg) would give
-them, and the part kept on itself.
-"""),
-    ("code", """
+
+# %% [markdown]
+# The same slot by corruption rather than by group: the share of each group's weight on the clients that see **its own
+# corruption** at that step (groups 1 and 3 share one in this slot), beside what uniform mixing (FedAvg) would give
+# them, and the part kept on itself.
+
+# %%
 group_of = {c: g for g, clients in CASE_STUDY_GROUPS.items() for c in clients}
 same = pd.concat({METHOD_LABELS.get(s, s): same_domain_weight(runs[s].collaboration, cfg, steps=window) for s in shown})
 same = same.assign(**{"self + same domain": same["self"] + same["same domain"],
                       "uniform (self + same domain)": same["uniform same-domain"] + 1 / cfg.clients})
 same.groupby([same.index.get_level_values(0), same.index.get_level_values(1).map(group_of)], sort=False)[
     ["self", "self + same domain", "uniform (self + same domain)"]].mean().round(2)
-"""),
-    ("md", """
-## Fig 6: client 1's collaboration over time
-Row 0 of W at every step (client 1 in the paper's numbering); white lines separate the slots.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Fig 6: client 1's collaboration over time
+# Row 0 of W at every step (client 1 in the paper's numbering); white lines separate the slots.
+
+# %%
 fig, axes = plt.subplots(len(shown), 1, figsize=(14, 2.6 * len(shown)), squeeze=False)
 for ax, s in zip(axes[:, 0], shown):
     plots.collaboration_over_time(runs[s].collaboration, client=0, ax=ax, slot_steps=slot_steps,
                                   title=f"{METHOD_LABELS.get(s, s)}: client 1's weights over time")
 fig.tight_layout()
-"""),
-    ("md", """
-## Reading it
-Computed from the tables above (`workbook.case_study_reading`): the ordering of the methods beside the paper's, and
-in the highlighted slot where each client's weight goes.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Reading it
+# Computed from the tables above (`workbook.case_study_reading`): the ordering of the methods beside the paper's, and
+# in the highlighted slot where each client's weight goes.
+
+# %%
 from IPython.display import Markdown
 
 Markdown(case_study_reading(table, shares, same, case_study_domains(runs[strategies[0]]), paper_mean, highlight_slot,
                             cfg.clients, [cfg.seed], METHOD_LABELS))
-"""),
-    ("md", """
-How the methods weight clients (from their code, not measured here): FedAMP and pFedGraph by the distance of their
-shared state (BN statistics under TTA-bn), FedTSA by the trained attention over the indicator window, FedCTTA by the
-distance of the models' outputs on noise. The paper's Fig 5 is on CIFAR-100-C with a ResNeXt-29; whether its
-100-class features separate the corruptions differently from our 10-class ResNet-8 is an **untested hypothesis**:
-no run here compares the two.
-"""),
-]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "12_fedtsa_collaboration.ipynb")
+# %% [markdown]
+# How the methods weight clients (from their code, not measured here): FedAMP and pFedGraph by the distance of their
+# shared state (BN statistics under TTA-bn), FedTSA by the trained attention over the indicator window, FedCTTA by the
+# distance of the models' outputs on noise. The paper's Fig 5 is on CIFAR-100-C with a ResNeXt-29; whether its
+# 100-class features separate the corruptions differently from our 10-class ResNet-8 is an **untested hypothesis**:
+# no run here compares the two.

@@ -1,22 +1,31 @@
-"""Author notebooks/90_leaderboard.ipynb (beyond the papers: one leaderboard, what leaves a client)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 90 · Beyond the papers: one leaderboard, and what leaves a client
+#
+# Each paper compares a few methods on its own protocol. Here **every local TTA method x every strategy** runs on one
+# common protocol (the FedTSA CIFAR-10-C protocol of `10_fedtsa`: 20 clients, batch 10, 500 images per client and
+# corruption, severity 5, 50-step slots; NIID and IID), over several seeds, so one table shows which combinations win
+# and by how much, with 95% confidence intervals over seeds. Runs are stored under `results_dir` and read back, so
+# the board fills in as runs are added (`compute=False` shows only what is stored).
+#
+# The second part asks what each method's uploads reveal: bytes per client per step, and how well the server could
+# guess a client's current corruption from one upload (a probing classifier, `ftta_core.leakage`).
 
-CELLS = [
-    ("md", """
-# 90 · Beyond the papers: one leaderboard, and what leaves a client
-
-Each paper compares a few methods on its own protocol. Here **every local TTA method x every strategy** runs on one
-common protocol (the FedTSA CIFAR-10-C protocol of `10_fedtsa`: 20 clients, batch 10, 500 images per client and
-corruption, severity 5, 50-step slots; NIID and IID), over several seeds, so one table shows which combinations win
-and by how much, with 95% confidence intervals over seeds. Runs are stored under `results_dir` and read back, so
-the board fills in as runs are added (`compute=False` shows only what is stored).
-
-The second part asks what each method's uploads reveal: bytes per client per step, and how well the server could
-guess a client's current corruption from one upload (a probing classifier, `ftta_core.leakage`).
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1): a few steps on the embedded digits in a temporary folder
 smoke = False
 setting = "niid"
@@ -31,8 +40,8 @@ compute = True
 leakage_steps = 150  # steps of the stream the leakage probe records (20 clients each)
 participation_rates = [1.0, 0.8, 0.5, 0.2]
 participation_strategies = ["local", "fedavg", "fedavgm", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
-"""),
-    ("code", """
+
+# %%
 import dataclasses
 import json
 import tempfile
@@ -62,11 +71,11 @@ else:
     base = ExperimentConfig(dataset="cifar10", scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
                             images_per_client=500, severity=5)
 Path(figure_dir).mkdir(parents=True, exist_ok=True)
-"""),
-    ("md", """
-## The leaderboard
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## The leaderboard
+
+# %%
 grid = run_leaderboard(base, locals_, strategies, seeds, results_dir=results_dir, only_cached=not compute,
                        also_read=[table1_runs])
 if grid.empty:
@@ -78,23 +87,23 @@ else:
                                             f"mean ± 95% CI over up to {len(seeds)} seeds")
     fig.savefig(Path(figure_dir) / f"leaderboard_{base.scenario}.png", dpi=120, bbox_inches="tight")
     display(table.head(15).round(2))
-"""),
-    ("md", """
-How much each strategy adds over `local` (no collaboration) for each local method, in points, paired by seed (a
-seed fixes the stream), with a 95% interval over seeds; then what the stored board says:
-"""),
-    ("code", """
+
+# %% [markdown]
+# How much each strategy adds over `local` (no collaboration) for each local method, in points, paired by seed (a
+# seed fixes the stream), with a 95% interval over seeds; then what the stored board says:
+
+# %%
 if not grid.empty:
     gains = gains_over_local(grid)
     display(gains.round(2))
     display(Markdown(leaderboard_reading(table, gains, len(locals_), len(strategies), len(seeds), locals_)))
-"""),
-    ("md", """
-### The other setting, from the stored runs
-The board above is one setting (`setting`). The other one's stored runs are read back here, computing nothing: on
-CIFAR-10-C these are the FedTSA Table 1 runs of the `bn` and `tent` rows (the GPU rows ran only in NIID so far).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ### The other setting, from the stored runs
+# The board above is one setting (`setting`). The other one's stored runs are read back here, computing nothing: on
+# CIFAR-10-C these are the FedTSA Table 1 runs of the `bn` and `tent` rows (the GPU rows ran only in NIID so far).
+
+# %%
 other = "iid" if setting == "niid" else "niid"
 other_base = base if smoke else dataclasses.replace(base, scenario=f"fedtsa_{other}")
 other_grid = run_leaderboard(other_base, locals_, strategies, seeds, results_dir=results_dir, only_cached=True,
@@ -106,14 +115,14 @@ else:
     display(other_table.head(10).round(2))
     display(Markdown(leaderboard_reading(other_table, gains_over_local(other_grid), len(locals_), len(strategies),
                                          len(seeds), locals_)))
-"""),
-    ("md", """
-## What leaves a client, and what it gives away
-Bytes per client per step come from `benchmarks/results/server_cost_cpu.json`
-(`python benchmarks/server_cost.py`). The guess accuracies come from one run with FedCTTA on TTA-bn (it records
-all kinds of uploads at once: BN statistics, FedTSA's indicator, feature and logit means, FedCTTA's probe logits).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## What leaves a client, and what it gives away
+# Bytes per client per step come from `benchmarks/results/server_cost_cpu.json`
+# (`python benchmarks/server_cost.py`). The guess accuracies come from one run with FedCTTA on TTA-bn (it records
+# all kinds of uploads at once: BN statistics, FedTSA's indicator, feature and logit means, FedCTTA's probe logits).
+
+# %%
 cost_file = Path("../benchmarks/results/server_cost_cpu.json")
 if cost_file.exists():
     cost = json.loads(cost_file.read_text())
@@ -123,15 +132,15 @@ probe_cfg = dataclasses.replace(base, local="bn", local_params={}, strategy="fed
 leak = leakage_table(collect_uploads(probe_cfg, max_steps=leakage_steps))
 display(leak.round(1))
 print(leakage_reading(leak))
-"""),
-    ("md", """
-## Partial participation and stragglers
-FedTSA names synchronous clients as its limitation. Here every client reports at a step with probability p (an
-absent client dropped out, or straggled past the round's deadline): W is computed over the clients that reported,
-an absent client keeps its own model for that step (`ExperimentConfig.participation`; draws from the seed and the
-step, the same for every strategy). TTA-bn, the strategies of one rate sharing one pass.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Partial participation and stragglers
+# FedTSA names synchronous clients as its limitation. Here every client reports at a step with probability p (an
+# absent client dropped out, or straggled past the round's deadline): W is computed over the clients that reported,
+# an absent client keeps its own model for that step (`ExperimentConfig.participation`; draws from the seed and the
+# step, the same for every strategy). TTA-bn, the strategies of one rate sharing one pass.
+
+# %%
 rates = []
 for p in participation_rates:
     cfg = dataclasses.replace(base, local="bn", local_params={}, participation=p)
@@ -145,23 +154,19 @@ if not rates.empty:
     ax.set(xlabel="participation rate p", ylabel="accuracy (%)", title="accuracy vs participation (TTA-bn)")
     ax.figure.savefig(Path(figure_dir) / f"participation_{base.scenario}.png", dpi=120, bbox_inches="tight")
     display(curve.round(2))
-"""),
-    ("md", """
-## Reading it
-The leaderboard's best cells and the gains over `local` are the headline: a strategy is only worth its
-communication where it adds points over `local` with a confidence interval that excludes zero. The leakage table
-says how much one upload tells the server about a client's current conditions, against the chance level, and the
-sentence under it names every case where a smaller upload reveals more than a larger one. FedCTTA's probes are
-shared noise, not client data, yet their outputs pass through the client's adapted BN statistics and carry the
-corruption with them: sending fewer bytes is not the same as revealing less. On CIFAR-10-C the leaderboard fills
-in as runs are added (`compute=True`; most local methods need a GPU); its `bn` and `tent` rows are the FedTSA Table 1
-configs, so their five seeds come from `figures/fedtsa_table1/runs`, and the coverage line above says how much of
-the board is stored. The EATA, ROID, BBN and RoTTA rows ran on one H100 (2026-11-23, 14 runs at a time
-under MPS; their FedTSA column at seed 0 there, with batched server rounds, and at seeds 1-4 on the CPU, 8-14 min
-per run on one core). CoTTA's row is missing: with its 32 augmented
-teacher passes per step, no run of this 750-step protocol finished within 6 min on a shared H100 (an estimate,
-not a measurement: 20-40 min per run, 1.5-3 GPU-hours for the row; `benchmarks/README.md`, "One H100, 2026-11-23").
-"""),
-]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "90_leaderboard.ipynb")
+# %% [markdown]
+# ## Reading it
+# The leaderboard's best cells and the gains over `local` are the headline: a strategy is only worth its
+# communication where it adds points over `local` with a confidence interval that excludes zero. The leakage table
+# says how much one upload tells the server about a client's current conditions, against the chance level, and the
+# sentence under it names every case where a smaller upload reveals more than a larger one. FedCTTA's probes are
+# shared noise, not client data, yet their outputs pass through the client's adapted BN statistics and carry the
+# corruption with them: sending fewer bytes is not the same as revealing less. On CIFAR-10-C the leaderboard fills
+# in as runs are added (`compute=True`; most local methods need a GPU); its `bn` and `tent` rows are the FedTSA Table 1
+# configs, so their five seeds come from `figures/fedtsa_table1/runs`, and the coverage line above says how much of
+# the board is stored. The EATA, ROID, BBN and RoTTA rows ran on one H100 (2026-11-23, 14 runs at a time
+# under MPS; their FedTSA column at seed 0 there, with batched server rounds, and at seeds 1-4 on the CPU, 8-14 min
+# per run on one core). CoTTA's row is missing: with its 32 augmented
+# teacher passes per step, no run of this 750-step protocol finished within 6 min on a shared H100 (an estimate,
+# not a measurement: 20-40 min per run, 1.5-3 GPU-hours for the row; `benchmarks/README.md`, "One H100, 2026-11-23").

@@ -1,49 +1,58 @@
-"""Author notebooks/11_fedtsa_ablations.ipynb (Fig 3 ablation, Fig 4 robustness, Fig 7 sweeps, Tables 2-3)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 11 · FedTSA: ablations, robustness to heterogeneity, hyperparameters, per-corruption tables
+#
+# **Paper:** FedTSA (KDD'24), Sec. 5.3-5.4 and App. B. Everything here runs on the CIFAR-10-C protocol of Table 1
+# (20 clients, batch 10, 500 images per client and corruption, severity 5, 50-step slots; `10_fedtsa`), TTA-bn by
+# default, and stores one summary per run under `results_dir` (re-running reads them back; `compute=False` only reads).
+# - **Fig 3**: FedTSA's variants: `S-sim` (W = softmax of the current indicators' cosine similarity, untrained),
+#   `TS-sim` (the identity-initialised TS-Block, untrained), `w/o time` (no temporal attention), `w/o aug`
+#   (lambda = 0), and the full method, NIID and IID.
+# - **Fig 4**: FedAvg, FedAMP, pFedGraph, FedTSA as spatial heterogeneity SH grows (TH = 0.02) and as temporal
+#   heterogeneity TH grows (SH = 0.2). SH = clusters / clients; TH = distribution changes per step (TH = 0.02 is
+#   50-step slots; see `ftta_core.scenarios.heterogeneity_scenario` for the paper's conflicting definitions).
+# - **Fig 7**: FedTSA's memory length T and loss weight lambda (NIID).
+# - **Tables 2 and 3**: accuracy per corruption under spatial IID / temporal heterogeneity (the IID protocol) and
+#   under SH = 0.25 / temporal IID (read as a new corruption at every step, TH = 1), beside the paper's CIFAR-10-C rows.
+#
+# The paper gives Fig 3, 4 and 7 as plots without numbers: we compare with what its text says about them.
 
-CELLS = [
-    ("md", """
-# 11 · FedTSA: ablations, robustness to heterogeneity, hyperparameters, per-corruption tables
+# %% [markdown]
+# ## Where we differ from the paper (FedTSA)
+# Implemented in `ftta_core/strategies/fedtsa.py` and `ts_block.py` (their module docstrings list the same):
+# - **Eq. 18 with squared norms.** The paper writes L_tsa = ||X_TSA − X|| + lambda ||X_TSA − X_TSA'||; we minimise
+#   mean squared errors, MSE(X_TSA, X) + lambda MSE(X_TSA, X_TSA') (`round_mse`), as the authors' code does
+#   (`F.mse_loss`).
+# - **One spatial mask for all T steps.** Eq. 17 masks the spatial attention of step t with M^spa_t; we sample one
+#   [N, N] mask M^spa from the current step's spatial attention and M^cur and apply it at every step of the window
+#   (`TSBlock.forward` broadcasts an [N, N] mask), as the authors' code does (its [N, N] `attention_mask`
+#   broadcasts over T).
+# - **S-sim is the softmax of cosine similarities.** The paper says only "the similarity between clients at the
+#   current time slot". Ours: W = row softmax of the cosine similarity of the current indicators (untrained). The
+#   FedCTTA authors' fork of the FedTSA code (`S_similarity` in `fling/component/group/adapt_group.py` of
+#   rajibrhasan/FedCTTA) instead uses an untrained, identity-initialised spatial attention: the row softmax of
+#   x_i · x_j / sqrt(D) of the current indicators (scaled dot products, not cosines).
+# - **The authors' mask add-count artefact is not reproduced.** In the code's count augmentation (`aug_spatiol`) the
+#   share of non-edges to add is `1 - 0.8` = 0.19999999999999996, so `int(non_edges * (1 - 0.8))` is one lower than
+#   a fifth whenever the non-edge count is a multiple of 5 (10 non-edges: 1 added, not 2). Our `augmentation="count"`
+#   option uses `edge_add = 0.2` (`int(non_edges * 0.2)`). Every run in this notebook uses the paper's Bernoulli
+#   masks (the default), where no count is involved.
 
-**Paper:** FedTSA (KDD'24), Sec. 5.3-5.4 and App. B. Everything here runs on the CIFAR-10-C protocol of Table 1
-(20 clients, batch 10, 500 images per client and corruption, severity 5, 50-step slots; `10_fedtsa`), TTA-bn by
-default, and stores one summary per run under `results_dir` (re-running reads them back; `compute=False` only reads).
-- **Fig 3**: FedTSA's variants: `S-sim` (W = softmax of the current indicators' cosine similarity, untrained),
-  `TS-sim` (the identity-initialised TS-Block, untrained), `w/o time` (no temporal attention), `w/o aug`
-  (lambda = 0), and the full method, NIID and IID.
-- **Fig 4**: FedAvg, FedAMP, pFedGraph, FedTSA as spatial heterogeneity SH grows (TH = 0.02) and as temporal
-  heterogeneity TH grows (SH = 0.2). SH = clusters / clients; TH = distribution changes per step (TH = 0.02 is
-  50-step slots; see `ftta_core.scenarios.heterogeneity_scenario` for the paper's conflicting definitions).
-- **Fig 7**: FedTSA's memory length T and loss weight lambda (NIID).
-- **Tables 2 and 3**: accuracy per corruption under spatial IID / temporal heterogeneity (the IID protocol) and
-  under SH = 0.25 / temporal IID (read as a new corruption at every step, TH = 1), beside the paper's CIFAR-10-C rows.
-
-The paper gives Fig 3, 4 and 7 as plots without numbers: we compare with what its text says about them.
-"""),
-    ("md", """
-## Where we differ from the paper (FedTSA)
-Implemented in `ftta_core/strategies/fedtsa.py` and `ts_block.py` (their module docstrings list the same):
-- **Eq. 18 with squared norms.** The paper writes L_tsa = ||X_TSA − X|| + lambda ||X_TSA − X_TSA'||; we minimise
-  mean squared errors, MSE(X_TSA, X) + lambda MSE(X_TSA, X_TSA') (`round_mse`), as the authors' code does
-  (`F.mse_loss`).
-- **One spatial mask for all T steps.** Eq. 17 masks the spatial attention of step t with M^spa_t; we sample one
-  [N, N] mask M^spa from the current step's spatial attention and M^cur and apply it at every step of the window
-  (`TSBlock.forward` broadcasts an [N, N] mask), as the authors' code does (its [N, N] `attention_mask`
-  broadcasts over T).
-- **S-sim is the softmax of cosine similarities.** The paper says only "the similarity between clients at the
-  current time slot". Ours: W = row softmax of the cosine similarity of the current indicators (untrained). The
-  FedCTTA authors' fork of the FedTSA code (`S_similarity` in `fling/component/group/adapt_group.py` of
-  rajibrhasan/FedCTTA) instead uses an untrained, identity-initialised spatial attention: the row softmax of
-  x_i · x_j / sqrt(D) of the current indicators (scaled dot products, not cosines).
-- **The authors' mask add-count artefact is not reproduced.** In the code's count augmentation (`aug_spatiol`) the
-  share of non-edges to add is `1 - 0.8` = 0.19999999999999996, so `int(non_edges * (1 - 0.8))` is one lower than
-  a fifth whenever the non-edge count is a multiple of 5 (10 non-edges: 1 added, not 2). Our `augmentation="count"`
-  option uses `edge_add = 0.2` (`int(non_edges * 0.2)`). Every run in this notebook uses the paper's Bernoulli
-  masks (the default), where no count is involved.
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1): a few steps on the embedded digits in a temporary folder
 smoke = False
 tta = "bn"
@@ -56,8 +65,8 @@ sh_values = [0.05, 0.2, 0.5, 0.75]
 th_values = [0.01, 0.02, 0.05, 0.1]
 windows = [1, 3, 5, 10, 20]
 lambdas = [0.0, 0.1, 0.5, 1.0, 2.0]
-"""),
-    ("code", """
+
+# %%
 import dataclasses
 import tempfile
 from pathlib import Path
@@ -89,14 +98,14 @@ COMPARED = ["fedavg", "fedamp", "pfedgraph", "fedtsa"]
 
 
 def grid(cfg, variants):
-    \"\"\"One row per (variant, seed): stored runs are read back (the variants equal to Table 1's FedTSA config, e.g.
-    T = 10 or lambda = 1, from Table 1's runs); with compute=False nothing new runs.\"\"\"
+    """One row per (variant, seed): stored runs are read back (the variants equal to Table 1's FedTSA config, e.g.
+    T = 10 or lambda = 1, from Table 1's runs); with compute=False nothing new runs."""
     return run_grid(cfg, variants, seeds, results_dir=results_dir, only_cached=not compute, progress=False,
                     also_read=[table1_runs])
 
 
 def strategy_grid(cfg, strategies):
-    \"\"\"Strategies of one config (one shared pass per seed under TTA-bn), same cache.\"\"\"
+    """Strategies of one config (one shared pass per seed under TTA-bn), same cache."""
     return strategy_comparison(cfg, strategies, seeds, results_dir=results_dir, only_cached=not compute)
 
 
@@ -105,18 +114,19 @@ claims = {}  # one computed line per paper claim, gathered in "Reading it"
 
 
 def by_seed(table):
-    \"\"\"Accuracy per seed (rows) and variant (columns) of a grid table.\"\"\"
+    """Accuracy per seed (rows) and variant (columns) of a grid table."""
     return table.pivot_table(index="seed", columns="variant", values="accuracy")
 
 
 def seed_counts(table):
     n = table.groupby("variant", sort=False).seed.nunique()
     return ", ".join(f"{shown_as(v)} {k}" for v, k in n.items())
-"""),
-    ("md", """
-## Fig 3: ablation of FedTSA's parts
-"""),
-    ("code", """
+
+
+# %% [markdown]
+# ## Fig 3: ablation of FedTSA's parts
+
+# %%
 VARIANTS = {"S-sim": {"variant": "S-sim"}, "TS-sim": {"variant": "TS-sim"}, "w/o time": {"variant": "w/o time"},
             "w/o aug": {"variant": "w/o aug"}, "FedTSA": {}}
 frames = []
@@ -133,8 +143,8 @@ else:
     plots.method_comparison(fig3, x="setting", y="accuracy", hue="variant", ax=ax)
     ax.set_title(f"FedTSA variants, TTA-{tta}")
     fig.savefig(Path(figure_dir) / f"fig3_variants_{tta}.png", dpi=120, bbox_inches="tight")
-"""),
-    ("code", """
+
+# %%
 # The paper's Fig 3 claims, pair by pair ("A beats B"), checked paired by seed (workbook.paired_difference)
 FIG3_PAIRS = [("FedTSA", "w/o aug"), ("FedTSA", "w/o time"), ("FedTSA", "TS-sim"), ("FedTSA", "S-sim"),
               ("TS-sim", "S-sim")]
@@ -152,12 +162,13 @@ for setting, g in fig3.groupby("setting", sort=False):
                                    + f"; the best variant is {ps.mean().idxmax()}")
     lines.append(f"- **{setting}** (seeds per variant: {seed_counts(g)}): {ordering_phrase(ps.mean())}. "
                  f"Paired by seed: " + "; ".join(difference_phrase(ps[a], ps[b], a, b) for a, b in pairs) + ".")
-display(Markdown("\\n".join(lines) if lines else "No stored Fig 3 runs."))
-"""),
-    ("md", """
-## Fig 4: robustness to spatial and temporal heterogeneity
-"""),
-    ("code", """
+display(Markdown("\n".join(lines) if lines else "No stored Fig 3 runs."))
+
+
+# %% [markdown]
+# ## Fig 4: robustness to spatial and temporal heterogeneity
+
+# %%
 def sweep(field, values, fixed):
     return heterogeneity_sweep(base, field, values, fixed, COMPARED, seeds, results_dir, only_cached=not compute)
 
@@ -178,8 +189,8 @@ for table, field in ((fig4_sh, "sh"), (fig4_th, "th")):
     if not table.empty:
         display(table.groupby([field, "variant"]).accuracy.mean().unstack().round(2))
     display(Markdown(sweep_reading(table, field, "fedtsa", METHOD_LABELS)))
-"""),
-    ("code", """
+
+# %%
 # The paper's Fig 4 claims: every method loses accuracy as heterogeneity grows, FedAvg most; FedTSA stays best and
 # close to FedAvg at low heterogeneity. Computed from the sweep tables above.
 fedtsa_spread = fig3[(fig3.setting == "NIID") & (fig3.variant == "FedTSA")].accuracy.std(ddof=1) if len(fig3) else None
@@ -218,11 +229,11 @@ def trend_reading(table, field):
 
 for table, field in ((fig4_sh, "sh"), (fig4_th, "th")):
     display(Markdown(trend_reading(table, field)))
-"""),
-    ("md", """
-## Fig 7: memory length T and loss weight lambda (NIID)
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Fig 7: memory length T and loss weight lambda (NIID)
+
+# %%
 # lambda = 0 is the `w/o aug` variant (the same computation: no masks, no robustness term), so it is that run
 fig7_t = grid(base, {f"T={t}": {"strategy": "fedtsa", "strategy_params": {"window": t}} for t in windows})
 fig7_l = grid(base, {f"lambda={x:g}": {"strategy": "fedtsa",
@@ -240,8 +251,9 @@ for ax, table, values, label in ((axes[0], fig7_t, windows, "T"), (axes[1], fig7
 fig.tight_layout()
 fig.savefig(Path(figure_dir) / f"fig7_hyperparameters_{tta}.png", dpi=120, bbox_inches="tight")
 display(pd.concat([mean_std(fig7_t), mean_std(fig7_l)]).round(2))
-"""),
-    ("code", """
+
+
+# %%
 # The paper's Fig 7 claims: accuracy rises with T up to a plateau near T = 10, and peaks at a moderate lambda.
 def sweep_param_reading(table, name, values):
     if table.empty:
@@ -258,16 +270,16 @@ def sweep_param_reading(table, name, values):
             f"Each step, paired by seed: " + "; ".join(steps) + ".")
 
 
-display(Markdown("\\n\\n".join([sweep_param_reading(fig7_t, "T", windows),
+display(Markdown("\n\n".join([sweep_param_reading(fig7_t, "T", windows),
                                 sweep_param_reading(fig7_l, "lambda", lambdas)])))
-"""),
-    ("md", """
-## Tables 2 and 3: accuracy per corruption, beside the paper's CIFAR-10-C rows
-Table 2 reads the IID protocol runs stored for Table 1 (`fedtsa-table`); Table 3 runs SH = 0.25 with a new
-corruption at every step. The paper's numbers are for its source model (35% without adaptation on Table 1's
-protocol) and ours for our ResNet-8 (63%): compare the differences between methods per corruption.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Tables 2 and 3: accuracy per corruption, beside the paper's CIFAR-10-C rows
+# Table 2 reads the IID protocol runs stored for Table 1 (`fedtsa-table`); Table 3 runs SH = 0.25 with a new
+# corruption at every step. The paper's numbers are for its source model (35% without adaptation on Table 1's
+# protocol) and ours for our ResNet-8 (63%): compare the differences between methods per corruption.
+
+# %%
 TABLE_METHODS = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa"]
 iid = dataclasses.replace(base, scenario="fedtsa_iid")
 summaries2 = stored_summaries(iid, {s: {"strategy": s} for s in TABLE_METHODS}, seeds, table1_runs)
@@ -282,11 +294,12 @@ for name, ours in (("fedtsa_table2", ours2), ("fedtsa_table3", ours3)):
     if not ours.empty:
         display(ours.rename(index=lambda s: METHOD_LABELS.get(s, s)).round(2))
     display(beside_per_corruption(ours, name).round(2))
-"""),
-    ("code", """
+
+
+# %%
 def table_reading(name, ours, summaries):
-    \"\"\"Ordering ours vs the paper's, FedTSA against each other method paired by seed (mean accuracy of every
-    stored run, per-corruption numbers or not), and per corruption which method is best, ours and the paper's.\"\"\"
+    """Ordering ours vs the paper's, FedTSA against each other method paired by seed (mean accuracy of every
+    stored run, per-corruption numbers or not), and per corruption which method is best, ours and the paper's."""
     ps = per_seed_values(summaries)
     if ps.empty or "fedtsa" not in ps:
         return f"**{name}**: no stored FedTSA run."
@@ -312,26 +325,22 @@ def table_reading(name, ours, summaries):
     return text
 
 
-display(Markdown("\\n\\n".join(table_reading(n, o, s) for n, o, s in
+display(Markdown("\n\n".join(table_reading(n, o, s) for n, o, s in
                                 (("fedtsa_table2", ours2, summaries2), ("fedtsa_table3", ours3, summaries3)))))
-"""),
-    ("md", """
-## Reading it
-The paper's claims: (Fig 3) every part helps, full FedTSA above each variant and TS-sim above S-sim; (Fig 4) all
-methods lose accuracy as heterogeneity grows, FedAvg most, while FedTSA stays best; (Fig 7) accuracy rises with T up
-to a plateau near T = 10 and peaks at a moderate lambda; (Tables 2-3) FedTSA has the highest mean. What our runs say,
-computed from the readings above (details and seed counts there; a missing run is named, never filled in):
-"""),
-    ("code", """
-display(Markdown("\\n".join(f"- **{k}**: {v}." for k, v in claims.items()) or "No stored runs to read."))
-"""),
-    ("md", """
-**Untested hypothesis** (no run in this notebook measures it). FedTSA's first loss term MSE(X_TSA, X) is zero when
-the temporal and spatial attentions are both the identity (then X_TSA = X), and W = I is Local. The longer the
-server trains, the closer W may get to Local, so the variants that train (`w/o time`, `w/o aug`, full) and the
-lambda sweep may move between FedAvg-like and Local-like mixing. The per-round diagnostics of a stored FedTSA run
-(`FedTSADiagnostics`: the loss per server iteration and W) would test this; this notebook does not read them.
-"""),
-]
 
-build(CELLS, Path(__file__).resolve().parents[1] / "11_fedtsa_ablations.ipynb")
+# %% [markdown]
+# ## Reading it
+# The paper's claims: (Fig 3) every part helps, full FedTSA above each variant and TS-sim above S-sim; (Fig 4) all
+# methods lose accuracy as heterogeneity grows, FedAvg most, while FedTSA stays best; (Fig 7) accuracy rises with T up
+# to a plateau near T = 10 and peaks at a moderate lambda; (Tables 2-3) FedTSA has the highest mean. What our runs say,
+# computed from the readings above (details and seed counts there; a missing run is named, never filled in):
+
+# %%
+display(Markdown("\n".join(f"- **{k}**: {v}." for k, v in claims.items()) or "No stored runs to read."))
+
+# %% [markdown]
+# **Untested hypothesis** (no run in this notebook measures it). FedTSA's first loss term MSE(X_TSA, X) is zero when
+# the temporal and spatial attentions are both the identity (then X_TSA = X), and W = I is Local. The longer the
+# server trains, the closer W may get to Local, so the variants that train (`w/o time`, `w/o aug`, full) and the
+# lambda sweep may move between FedAvg-like and Local-like mixing. The per-round diagnostics of a stored FedTSA run
+# (`FedTSADiagnostics`: the loss per server iteration and W) would test this; this notebook does not read them.

@@ -1,40 +1,49 @@
-"""Author notebooks/50_fedacross.ipynb (FedAcross+: k-shot adaptation module, prototypes, stream sampling, Flower)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 50 · FedAcross+: k-shot adaptation module, prototypes, stream sampling — and Flower
+#
+# **Paper:** FedAcross+ (`../shared/papers/FedAcrossPlus.txt`). A server pre-trains backbone f + adaptation module A
+# (Linear -> BatchNorm1d -> ReLU, eq. 1) + classifier g on the source domain (eq. 2). A client freezes f and g, trains
+# only A on a k-shot support set (eq. 3), keeps one prototype per class (mean embedding, eq. 4) and predicts by the
+# nearest prototype (eq. 5). FedAcross+ fills the support set from the client's stream with VeSSAL volume sampling
+# (eq. 6). Clients upstream A and their prototypes; the server merges A (FedAvg) to initialise joining clients.
+#
+# **Here:** torchvision ResNet-18 trained by us from random init (no ImageNet weights on these machines) for a
+# CPU budget (see the card in `data/checkpoints/fedacross/`); clients train A on cached backbone features (f is
+# frozen), without client-side augmentation. Everything is in `ftta_core.fedacross` and `ftta_core.flower`.
 
-CELLS = [
-    ("md", """
-# 50 · FedAcross+: k-shot adaptation module, prototypes, stream sampling — and Flower
+# %% [markdown]
+# ## Where we differ from the paper (FedAcross+)
+# - **Backbone**: torchvision ResNet-18 trained by us on CIFAR-10 from random initialisation (the paper: ResNet-34 /
+#   ResNet-50 with ImageNet weights); on Office-Caltech-10 the backbone starts from that CIFAR-10 model.
+# - **No client-side transformation T**: clients train A (eq. 3) on cached backbone features of the unaugmented
+#   support images (`ClientSpec`); the paper transforms every support image with T.
+# - **VeSSAL (eq. 6, `ftta_core/fedacross/sampling.py`)**: the embedding is tau = A(f(x)) of the server model (A in
+#   eval mode) on the *untransformed* stream image (eq. 6 embeds T(x_t)); q_t is the ideal rate
+#   (budget − selected) / (n − t) and Sigma^-1 starts at 100 I with a Sherman-Morrison update per selected item, as in
+#   the authors' VeSSAL code (cairo-thws/fed_streaming, `cov_inv_scaling=100`); p_t is capped at 1. Selection stops
+#   once the budget of k x 10 labels is spent (fed_streaming keeps the first n picks: the same set); when the stream
+#   ends first the support set stays smaller (no random fill-up, which fed_streaming offers as an option; the
+#   `labels` column of `by_k` counts the labels each cell used). Sums in float64; every draw from a seeded generator.
+# - **Office**: Office-Caltech-10 (10 classes) at 32 x 32 px instead of Office-31 (31 classes) at 224 px.
+# - **Budget**: `n_stream` stream items per client; the k-shot `balanced` set needs the labels in advance (the paper's
+#   static support set), `random` and `vessal` label stream items.
 
-**Paper:** FedAcross+ (`../shared/papers/FedAcrossPlus.txt`). A server pre-trains backbone f + adaptation module A
-(Linear -> BatchNorm1d -> ReLU, eq. 1) + classifier g on the source domain (eq. 2). A client freezes f and g, trains
-only A on a k-shot support set (eq. 3), keeps one prototype per class (mean embedding, eq. 4) and predicts by the
-nearest prototype (eq. 5). FedAcross+ fills the support set from the client's stream with VeSSAL volume sampling
-(eq. 6). Clients upstream A and their prototypes; the server merges A (FedAvg) to initialise joining clients.
-
-**Here:** torchvision ResNet-18 trained by us from random init (no ImageNet weights on these machines) for a
-CPU budget (see the card in `data/checkpoints/fedacross/`); clients train A on cached backbone features (f is
-frozen), without client-side augmentation. Everything is in `ftta_core.fedacross` and `ftta_core.flower`.
-"""),
-    ("md", """
-## Where we differ from the paper (FedAcross+)
-- **Backbone**: torchvision ResNet-18 trained by us on CIFAR-10 from random initialisation (the paper: ResNet-34 /
-  ResNet-50 with ImageNet weights); on Office-Caltech-10 the backbone starts from that CIFAR-10 model.
-- **No client-side transformation T**: clients train A (eq. 3) on cached backbone features of the unaugmented
-  support images (`ClientSpec`); the paper transforms every support image with T.
-- **VeSSAL (eq. 6, `ftta_core/fedacross/sampling.py`)**: the embedding is tau = A(f(x)) of the server model (A in
-  eval mode) on the *untransformed* stream image (eq. 6 embeds T(x_t)); q_t is the ideal rate
-  (budget − selected) / (n − t) and Sigma^-1 starts at 100 I with a Sherman-Morrison update per selected item, as in
-  the authors' VeSSAL code (cairo-thws/fed_streaming, `cov_inv_scaling=100`); p_t is capped at 1. Selection stops
-  once the budget of k x 10 labels is spent (fed_streaming keeps the first n picks: the same set); when the stream
-  ends first the support set stays smaller (no random fill-up, which fed_streaming offers as an option; the
-  `labels` column of `by_k` counts the labels each cell used). Sums in float64; every draw from a seeded generator.
-- **Office**: Office-Caltech-10 (10 classes) at 32 x 32 px instead of Office-31 (31 classes) at 224 px.
-- **Budget**: `n_stream` stream items per client; the k-shot `balanced` set needs the labels in advance (the paper's
-  static support set), `random` and `vessal` label stream items.
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1): tiny sizes, nothing written to figures/
 smoke = False
 seeds = [0, 1, 2]      # client streams, support draws and client training; one server model for all
@@ -52,8 +61,8 @@ office_size = 32       # low resolution (CPU budget): a flagged deviation from t
 office_epochs = 15
 tsne_images = 500
 figures_dir = "../figures/fedacross"
-"""),
-    ("code", """
+
+# %%
 import dataclasses
 from pathlib import Path
 
@@ -92,15 +101,15 @@ feats = {s: [client_features(server, c) for c in clients[s]] for s in seeds}
 
 print(f"{len(corruptions)} clients (one CIFAR-10-C corruption each, severity {severity}): {n_stream} stream + "
       f"{n_test} test images each; seeds {seeds}")
-"""),
-    ("md", """
-## Accuracy vs k, with and without stream sampling
-Budget: k x 10 labels per client. `balanced` is the paper's static k-shot support set (k images of every class,
-which needs the labels in advance); `random` labels k x 10 stream items drawn uniformly; `vessal` labels the items
-VeSSAL picks (eq. 6, on tau = A(f(x)) of the server model). k = 0 is the server model's classifier g without
-adaptation. Test accuracy (%) on each client's hold-back images: mean over clients, then mean ± std over seeds.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Accuracy vs k, with and without stream sampling
+# Budget: k x 10 labels per client. `balanced` is the paper's static k-shot support set (k images of every class,
+# which needs the labels in advance); `random` labels k x 10 stream items drawn uniformly; `vessal` labels the items
+# VeSSAL picks (eq. 6, on tau = A(f(x)) of the server model). k = 0 is the server model's classifier g without
+# adaptation. Test accuracy (%) on each client's hold-back images: mean over clients, then mean ± std over seeds.
+
+# %%
 by_k = pd.concat([accuracy_vs_k(server, feats[s], ks, spec=spec, seed=s, source="cifar10").assign(seed=s)
                   for s in seeds], ignore_index=True)
 table_k, per_seed_k = over_seeds(by_k, ["k", "selection"])
@@ -111,8 +120,8 @@ if out is not None:
 display(table_k)
 print("classes present in the support set (mean over clients):")
 covered.round(2)
-"""),
-    ("code", """
+
+# %%
 per_client = by_k[by_k.k > 0].pivot_table(index=["client", "k"], columns="selection", values="accuracy")
 spread = per_seed_k.pivot_table(index="k", columns="selection", values="accuracy", aggfunc="std")
 spread = spread.reindex_like(summary).fillna(0.0)  # one seed: no spread
@@ -125,31 +134,31 @@ fig.tight_layout()
 if out is not None:
     fig.savefig(out / "cifar10c_accuracy_vs_k.png", dpi=120)
 per_client.round(1)
-"""),
-    ("md", """
-## A joining client: start from the merged A or from the server's A
-All clients but the last adapt with the balanced k-shot set (largest k) and upstream A; the server merges them by
-FedAvg (weights: support sizes). The last client then trains A for a few optimiser steps starting from the merged
-A or from the server's A (same support set, same seed); 0 steps = prototypes with the initial A. Mean ± std over
-seeds.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## A joining client: start from the merged A or from the server's A
+# All clients but the last adapt with the balanced k-shot set (largest k) and upstream A; the server merges them by
+# FedAvg (weights: support sizes). The last client then trains A for a few optimiser steps starting from the merged
+# A or from the server's A (same support set, same seed); 0 steps = prototypes with the initial A. Mean ± std over
+# seeds.
+
+# %%
 benefit = pd.concat([new_client_benefit(server, feats[s][:-1], feats[s][-1], max(ks), new_client_steps, spec, s)
                      .assign(seed=s) for s in seeds], ignore_index=True)
 if out is not None:
     benefit.to_csv(out / "new_client_benefit.csv", index=False)
 over_seeds(benefit, ["steps", "start"])[0]
-"""),
-    ("md", """
-## Office-Caltech-10: source domain -> other domains (the shape of the paper's Table 2)
-**Flagged:** images at 32 x 32 px (CPU budget); the server's backbone starts from our CIFAR-10 ResNet-18 (standing
-in for ImageNet weights) and is pre-trained on the source domain with the paper's settings (lr 0.01, backbone x0.1,
-label smoothing 0.1) for `office_epochs` epochs. 10 classes, not Office-31's 31: the paper's numbers are beside
-ours for orientation only. Support set: k images per class of the target domain; test: the rest of the domain
-(NaN where a class has too few images, e.g. DSLR has a class with 8). Source pre-training, support draws and client
-training are repeated per seed; the table shows the mean over seeds beside the paper, then mean ± std.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Office-Caltech-10: source domain -> other domains (the shape of the paper's Table 2)
+# **Flagged:** images at 32 x 32 px (CPU budget); the server's backbone starts from our CIFAR-10 ResNet-18 (standing
+# in for ImageNet weights) and is pre-trained on the source domain with the paper's settings (lr 0.01, backbone x0.1,
+# label smoothing 0.1) for `office_epochs` epochs. 10 classes, not Office-31's 31: the paper's numbers are beside
+# ours for orientation only. Support set: k images per class of the target domain; test: the rest of the domain
+# (NaN where a class has too few images, e.g. DSLR has a class with 8). Source pre-training, support draws and client
+# training are repeated per seed; the table shows the mean over seeds beside the paper, then mean ± std.
+
+# %%
 office_spec = PretrainSpec(epochs=office_epochs)
 office = pd.concat([office_table(server, office_pairs, office_ks, office_spec, spec, office_size, s).assign(seed=s)
                     for s in seeds], ignore_index=True)
@@ -158,19 +167,19 @@ if out is not None:
 office_mean = office.groupby(["pair", "k"], sort=False).accuracy.mean().reset_index()
 side = beside_paper(office_mean, paper_table("fedacross_table2"))
 side.round(1)
-"""),
-    ("code", """
+
+# %%
 office_avg = office.groupby(["k", "seed"]).accuracy.agg(lambda a: a.mean(skipna=False)).reset_index()
 wide = over_seeds(office.dropna(subset=["accuracy"]), ["k", "pair"])[0]
 wide["Avg"] = format_mean_std(mean_std(office_avg, by="k"))
 wide
-"""),
-    ("md", """
-## t-SNE of target features with prototypes (the paper's Fig 7)
-One client's test images: (a) a randomly initialised model, (b) the server model after source pre-training,
-(c) after client adaptation of A (balanced support, largest k); prototypes as black-edged squares.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## t-SNE of target features with prototypes (the paper's Fig 7)
+# One client's test images: (a) a randomly initialised model, (b) the server model after source pre-training,
+# (c) after client adaptation of A (balanced support, largest k); prototypes as black-edged squares.
+
+# %%
 seed = seeds[0]
 c0 = feats[seed][0]
 x_tsne, y_tsne = clients[seed][0].test.tensors(np.arange(min(tsne_images, len(clients[seed][0].test))))
@@ -186,54 +195,54 @@ for ax, (title, (m, res)) in zip(axes, panels.items()):
     ax.scatter(img.x, img.y, c=img.label, cmap="tab10", s=6, vmin=0, vmax=9)
     pro = pts[pts.prototype]
     ax.scatter(pro.x, pro.y, c=pro.label, cmap="tab10", s=120, marker="s", edgecolors="k", vmin=0, vmax=9)
-    ax.set(title=f"{title}\\n{clients[seed][0].name}", xticks=[], yticks=[])
+    ax.set(title=f"{title}\n{clients[seed][0].name}", xticks=[], yticks=[])
 fig.tight_layout()
 if out is not None:
     fig.savefig(out / "tsne.png", dpi=120)
-"""),
-    ("md", """
-## Cost per client: FedAcross+ vs full fine-tuning
-Parameters trained on the device and bytes sent (float32): FedAcross+ receives and trains only A (its Linear and
-BatchNorm parameters; BN running statistics travel with it) and upstreams A plus 10 prototypes; full fine-tuning
-would train and exchange the whole model.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Cost per client: FedAcross+ vs full fine-tuning
+# Parameters trained on the device and bytes sent (float32): FedAcross+ receives and trains only A (its Linear and
+# BatchNorm parameters; BN running statistics travel with it) and upstreams A plus 10 prototypes; full fine-tuning
+# would train and exchange the whole model.
+
+# %%
 costs = cost_table(server, max(ks))
 costs["bytes_up / full"] = costs["bytes_up"] / costs.loc["full fine-tuning (f, A, g)", "bytes_up"]
 if out is not None:
     costs.to_csv(out / "cost_per_client.csv")
 costs
-"""),
-    ("md", """
-## Reading it
-Computed from the tables above (`fedacross.study.fedacross_reading`): differences are paired by seed and called above
-or below only beyond seed noise.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Reading it
+# Computed from the tables above (`fedacross.study.fedacross_reading`): differences are paired by seed and called above
+# or below only beyond seed noise.
+
+# %%
 paper_avg = side.loc["Avg", "paper Office-31 (%)"] if "Avg" in side.index.get_level_values(0) else None
 display(Markdown(fedacross_reading(per_seed_k, benefit, office_avg, costs, seeds, paper_avg)))
-"""),
-    ("md", """
-## On Flower (flwr 1.41, Message API)
-Here the ServerApp and ClientApps run in process through `ftta_core.flower.LocalGrid` (real Flower `Message`s and
-`ArrayRecord`s, transport = a function call); the same apps run on Flower's Ray simulation engine and on a real
-`flower-superlink` with `flower-supernode` processes (`tests/test_flower_deployment.py`; README, "Deploying").
-First FedAcross+ itself: the first clients adapt and upstream A and prototypes, the server merges A, the last
-client joins from the merged A and from the server's A.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## On Flower (flwr 1.41, Message API)
+# Here the ServerApp and ClientApps run in process through `ftta_core.flower.LocalGrid` (real Flower `Message`s and
+# `ArrayRecord`s, transport = a function call); the same apps run on Flower's Ray simulation engine and on a real
+# `flower-superlink` with `flower-supernode` processes (`tests/test_flower_deployment.py`; README, "Deploying").
+# First FedAcross+ itself: the first clients adapt and upstream A and prototypes, the server merges A, the last
+# client joins from the merged A and from the server's A.
+
+# %%
 fl = run_fedacross_on_flower(server, feats[seed], k=max(ks), selection="vessal", n_new=1,
                              new_client_steps=new_client_steps[-1], spec=spec, seed=seed)
 print(f"bytes down {fl.bytes_down:,}, bytes up {fl.bytes_up:,} (A + prototypes, serialised)")
 pd.concat([pd.Series(fl.accuracy, name="accuracy (%)").to_frame(),
            pd.DataFrame(fl.new_client).set_index("start")[["accuracy"]].rename(columns={"accuracy": "accuracy (%)"})])
-"""),
-    ("md", """
-Then the generic adapter: any ftta local method + strategy as a Flower app (ClientApp = one client's model copy
-and stream; ServerApp = the strategy's W and the personalised mix). On a small config it gives the loop engine's
-predictions (tested in `tests/test_flower.py`, tolerance 1e-6 on the logits).
-"""),
-    ("code", """
+
+# %% [markdown]
+# Then the generic adapter: any ftta local method + strategy as a Flower app (ClientApp = one client's model copy
+# and stream; ServerApp = the strategy's W and the personalised mix). On a small config it gives the loop engine's
+# predictions (tested in `tests/test_flower.py`, tolerance 1e-6 on the logits).
+
+# %%
 from ftta_core.experiment import run_experiment
 
 rows = []
@@ -247,7 +256,3 @@ for strategy in ["fedavg", "fedamp"]:
                  "max |W_flower - W_engine|": float(np.abs(np.stack(run.weights) - res.collaboration).max()),
                  "correct (flower)": int(correct.sum()), "correct (engine)": int(res.steps.correct_mixed.sum())})
 pd.DataFrame(rows)
-"""),
-]
-
-build(CELLS, Path(__file__).resolve().parents[1] / "50_fedacross.ipynb")

@@ -1,47 +1,56 @@
-"""Author notebooks/40_fedicon.ipynb (FedICON: federated contrastive training + contrastive TTA, with baselines)."""
-from pathlib import Path
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
 
-from nbbuild import build
+# %% [markdown]
+# # 40 · FedICON: taming inter-client heterogeneity to handle test-time shift
+#
+# **Paper:** Tan et al., *Taming Heterogeneity to Deal with Test-Time Shift in Federated Learning* (KDD FL workshop
+# 2023; no public code). Clients own heterogeneous training data (one domain each); each client's *test* data is
+# shifted again (corruptions, another domain, natural attribute shift). FedICON:
+#
+# 1. **Local invariance extraction** (eq. 1-3): client $i$ trains its encoder $z(x)=h(x;\theta_i)$ with the supervised
+#    contrastive loss on two augmented views of every image,
+#    $L_{i,sup} = \sum_x \frac{-1}{|P(x)|}\sum_{p\in P(x)} \log\frac{\exp(z_x\cdot z_p/\tau)}{\sum_{a\in A(x)}\exp(z_x\cdot z_a/\tau)}$,
+#    $A(x)$ = the other views of the batch, $P(x)=\{p\in A(x): y_p=y_x\}$.
+# 2. **Global invariance sharing** (eq. 4): the server averages the encoders weighted by data size,
+#    $\bar\theta=\sum_i \frac{|D_i^P|}{N^P}\theta_i$ (the printed extra $1/m$ would make the weights sum to $1/m$; we
+#    read it as a typo), for `rounds` rounds of `local_epochs` local epochs.
+# 3. **Classifier**: a linear head on the frozen encoder, federated first, then personalised per client.
+# 4. **Test phase** (eq. 5): each client tunes only its encoder on its unlabeled shifted test set with
+#    $L_{i,us}=\sum_x -\log\frac{\exp(z_x\cdot z'_x/\tau)}{\sum_{a\in A(x)}\exp(z_x\cdot z_a/\tau)}$ ($z'_x$: another view),
+#    then predicts. **FedICON-us** uses eq. 5 instead of eq. 2 in step 1 (labels only for the classifier).
+#
+# Implementation: `ftta_core/fedicon/` (`losses`, `training`, `adaptation`, `data`, `study`, `report`); views come
+# from `ftta_core.tta.augment` (colour jitter + random resized crop, no flip for digits); representations are
+# L2-normalised inside the losses, and batch means replace the paper's sums. Baselines: Local, FedAvg, FedAvg-FT,
+# FedProx ($\mu$=0.01), FedRep, FedBN (BN after each conv of the CNN), and Tent / EATA / T3A on the FedAvg model
+# (paper App. A.3: Tent 1 step a batch; EATA Fisher $\alpha$=2000 from up to 2000 training images, $\epsilon$=0.05,
+# $E_0=0.4\ln C$; T3A support 50). **FedTHE** (Jiang & Lin, ICLR 2023; `ftta_core/fedicon/fedthe.py`, built from the
+# authors' code LINs-lab/FedTHE although the FedICON paper says none was public): the whole model (encoder + global
+# head) is trained with the balanced softmax and averaged; each client keeps a personalised linear head trained on the
+# global model's frozen features; at test time a per-sample weight $e\in[0,1]$ ensembles the two heads' logits,
+# $e$ minimising the similarity-weighted mix of the ensemble's entropy and the alignment of the (EMA-smoothed) test
+# features with the global/local mean training features (Adam, lr 0.1, 20 steps, $e_0=0.5$, the code's defaults).
+#
+# **Substitutes (say so wherever numbers are compared):** Digit-5 → the digit domains available here (MNIST test
+# split, USPS, MNIST-M subset, scikit-learn digits; SVHN and SynthDigits are missing), so 4 clients instead of 5;
+# CIFAR-10.1 → our mild corruptions (severity 1); ImageNet weights do not exist here (ResNet-18 is randomly
+# initialised). All sizes are far below the paper's (100 rounds, full datasets): the point is the comparison under
+# one budget, not the paper's absolute numbers.
 
-CELLS = [
-    ("md", r"""
-# 40 · FedICON: taming inter-client heterogeneity to handle test-time shift
-
-**Paper:** Tan et al., *Taming Heterogeneity to Deal with Test-Time Shift in Federated Learning* (KDD FL workshop
-2023; no public code). Clients own heterogeneous training data (one domain each); each client's *test* data is
-shifted again (corruptions, another domain, natural attribute shift). FedICON:
-
-1. **Local invariance extraction** (eq. 1-3): client $i$ trains its encoder $z(x)=h(x;\theta_i)$ with the supervised
-   contrastive loss on two augmented views of every image,
-   $L_{i,sup} = \sum_x \frac{-1}{|P(x)|}\sum_{p\in P(x)} \log\frac{\exp(z_x\cdot z_p/\tau)}{\sum_{a\in A(x)}\exp(z_x\cdot z_a/\tau)}$,
-   $A(x)$ = the other views of the batch, $P(x)=\{p\in A(x): y_p=y_x\}$.
-2. **Global invariance sharing** (eq. 4): the server averages the encoders weighted by data size,
-   $\bar\theta=\sum_i \frac{|D_i^P|}{N^P}\theta_i$ (the printed extra $1/m$ would make the weights sum to $1/m$; we
-   read it as a typo), for `rounds` rounds of `local_epochs` local epochs.
-3. **Classifier**: a linear head on the frozen encoder, federated first, then personalised per client.
-4. **Test phase** (eq. 5): each client tunes only its encoder on its unlabeled shifted test set with
-   $L_{i,us}=\sum_x -\log\frac{\exp(z_x\cdot z'_x/\tau)}{\sum_{a\in A(x)}\exp(z_x\cdot z_a/\tau)}$ ($z'_x$: another view),
-   then predicts. **FedICON-us** uses eq. 5 instead of eq. 2 in step 1 (labels only for the classifier).
-
-Implementation: `ftta_core/fedicon/` (`losses`, `training`, `adaptation`, `data`, `study`, `report`); views come
-from `ftta_core.tta.augment` (colour jitter + random resized crop, no flip for digits); representations are
-L2-normalised inside the losses, and batch means replace the paper's sums. Baselines: Local, FedAvg, FedAvg-FT,
-FedProx ($\mu$=0.01), FedRep, FedBN (BN after each conv of the CNN), and Tent / EATA / T3A on the FedAvg model
-(paper App. A.3: Tent 1 step a batch; EATA Fisher $\alpha$=2000 from up to 2000 training images, $\epsilon$=0.05,
-$E_0=0.4\ln C$; T3A support 50). **FedTHE** (Jiang & Lin, ICLR 2023; `ftta_core/fedicon/fedthe.py`, built from the
-authors' code LINs-lab/FedTHE although the FedICON paper says none was public): the whole model (encoder + global
-head) is trained with the balanced softmax and averaged; each client keeps a personalised linear head trained on the
-global model's frozen features; at test time a per-sample weight $e\in[0,1]$ ensembles the two heads' logits,
-$e$ minimising the similarity-weighted mix of the ensemble's entropy and the alignment of the (EMA-smoothed) test
-features with the global/local mean training features (Adam, lr 0.1, 20 steps, $e_0=0.5$, the code's defaults).
-
-**Substitutes (say so wherever numbers are compared):** Digit-5 → the digit domains available here (MNIST test
-split, USPS, MNIST-M subset, scikit-learn digits; SVHN and SynthDigits are missing), so 4 clients instead of 5;
-CIFAR-10.1 → our mild corruptions (severity 1); ImageNet weights do not exist here (ResNet-18 is randomly
-initialised). All sizes are far below the paper's (100 rounds, full datasets): the point is the comparison under
-one budget, not the paper's absolute numbers.
-"""),
-    ("params", """
+# %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1) runs tiny sizes in seconds and writes its cache to a temporary folder
 smoke = False
 seeds = [0]
@@ -68,8 +77,8 @@ cifar_n_train = 100
 cifar_n_test = 50
 cifar_rounds = 10
 cifar_methods = ["Local", "FedAvg", "FedAvg-FT", "FedTHE", "Tent", "T3A", "FedICON"]
-"""),
-    ("code", """
+
+# %%
 import tempfile
 import time
 from pathlib import Path
@@ -108,15 +117,15 @@ build_digits = lambda seed: digit_covariate_clients(n_train, n_test, seed)
 started = time.time()
 print(f"smoke={smoke} seeds={seeds} rounds={rounds} local_epochs={local_epochs} lr={lr} tau={tau} "
       f"n_train={n_train}/domain n_test={n_test}/domain; cache {cache}")
-"""),
-    ("md", """
-## Table 1 shape: digit domains under covariate test-time shift
-Four clients, one digit domain each (32x32 RGB, the paper's two-layer CNN); every client's test images get one of
-the 15 corruptions at severity 5, drawn per image. Columns = clients (their own domain, shifted). The paper's
-Digit-5 numbers (`paper` columns) are beside ours for the three domains both have; it is a **substitute setting**
-(other domains, 4 clients, far fewer rounds and images), so compare rankings, not values.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table 1 shape: digit domains under covariate test-time shift
+# Four clients, one digit domain each (32x32 RGB, the paper's two-layer CNN); every client's test images get one of
+# the 15 corruptions at severity 5, drawn per image. Columns = clients (their own domain, shifted). The paper's
+# Digit-5 numbers (`paper` columns) are beside ours for the three domains both have; it is a **substitute setting**
+# (other domains, 4 clients, far fewer rounds and images), so compare rankings, not values.
+
+# %%
 digit_methods = list(TABLE1_METHODS) + ["FedICON-us", "FedICON w/o TTA"]  # TABLE1_METHODS includes FedTHE
 rows_digits = run_methods(cache, digits, digit_methods, seeds, build_digits, "cnn2", train_cfg, tta_cfg)
 table1 = method_table(rows_digits, digit_methods, list(DIGIT_CLIENT_DOMAINS))
@@ -124,34 +133,34 @@ paper1 = paper_columns("table1", ["MNIST", "USPS", "MNIST-M"], digit_methods)
 paper1["mean of 5"] = paper_columns("table1", ["MNIST", "SVHN", "USPS", "Synth", "MNIST-M"], digit_methods).mean(axis=1)
 table1_beside = beside_paper(table1, paper1, "paper")
 display(table1_beside)
-"""),
-    ("md", """
-## Table 8 shape: ablation
-Switching off *local invariance extraction* replaces SupCon by cross-entropy (the whole model is then shared);
-switching off *global invariance sharing* trains every client alone (classifier too); switching off *test-time
-adaptation* predicts with the trained model. The eight variants reuse the models trained above.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table 8 shape: ablation
+# Switching off *local invariance extraction* replaces SupCon by cross-entropy (the whole model is then shared);
+# switching off *global invariance sharing* trains every client alone (classifier too); switching off *test-time
+# adaptation* predicts with the trained model. The eight variants reuse the models trained above.
+
+# %%
 ablation_methods = [ablation_name(*flags) for flags in ABLATION]
 rows_ablation = run_methods(cache, digits, ablation_methods, seeds, build_digits, "cnn2", train_cfg, tta_cfg)
 display(ablation_table(rows_ablation))
-"""),
-    ("md", """
-## Table 9 shape: FedICON vs FedICON-us (digits)
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table 9 shape: FedICON vs FedICON-us (digits)
+
+# %%
 t9_methods = ["Local", "FedAvg", "FedAvg-FT", "FedICON", "FedICON-us"]
 means = mean_by_method(rows_digits)
 table9 = pd.DataFrame({"ours (digit domains, mean)": means.reindex(t9_methods).round(2)})
 table9["paper Digit-5"] = paper_columns("table9", ["Digit-5"], t9_methods)["Digit-5"]
 display(table9)
-"""),
-    ("md", """
-## Fig 3 shape: number of clients and local epochs (FedAvg vs FedICON)
-The total number of training images is fixed (`fig3_n_train` per domain); with 8 or 16 clients each domain is split
-over 2 or 4 clients. The local-epoch sweep uses 4 clients and the same number of rounds.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Fig 3 shape: number of clients and local epochs (FedAvg vs FedICON)
+# The total number of training images is fixed (`fig3_n_train` per domain); with 8 or 16 clients each domain is split
+# over 2 or 4 clients. The local-epoch sweep uses 4 clients and the same number of rounds.
+
+# %%
 fig3_rows, fig3_epoch_rows = [], []  # means per point; the tidy rows of the epoch sweep (per seed)
 for k in fig3_clients:
     setting = {"name": f"fig3-clients{k}", "n_train": fig3_n_train, "n_test": n_test, "per_domain": k // 4}
@@ -176,15 +185,15 @@ fig.tight_layout()
 if not smoke:
     fig.savefig(out_dir / "fig3_clients_epochs.png", dpi=120)
 display(fig3.pivot_table(index=["sweep", "value"], columns="method", values="accuracy").round(2))
-"""),
-    ("md", """
-## Table 7 shape: digit domains under domain test-time shift (leave-one-domain-out)
-One digit domain is held out; the other three train, one client each (`n_train` images), and the held-out domain's
-`n_test` test images per client are split over them. Columns = the held-out domain, each the mean over its three
-clients. The paper holds out each of the five Digit-5 domains with four training clients; its MNIST, USPS and
-MNIST-M columns are beside ours (different training domains, so compare rankings).
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table 7 shape: digit domains under domain test-time shift (leave-one-domain-out)
+# One digit domain is held out; the other three train, one client each (`n_train` images), and the held-out domain's
+# `n_test` test images per client are split over them. Columns = the held-out domain, each the mean over its three
+# clients. The paper holds out each of the five Digit-5 domains with four training clients; its MNIST, USPS and
+# MNIST-M columns are beside ours (different training domains, so compare rankings).
+
+# %%
 held_out_domains = list(DIGIT_CLIENT_DOMAINS)[:2] if smoke else list(DIGIT_CLIENT_DOMAINS)
 lodo = {}
 for held_out in held_out_domains:
@@ -195,18 +204,18 @@ rows_lodo = pd.concat([r.assign(client=h) for h, r in lodo.items()], ignore_inde
 table7 = beside_paper(method_table(rows_lodo, table7_methods, held_out_domains),
                       paper_columns("table7", ["MNIST", "USPS", "MNIST-M"], table7_methods), "paper")
 display(table7)
-"""),
-    ("md", """
-## Tables 2 and 5 shape: Office-Caltech-10, domain and covariate test-time shift (optional: `run_office`)
-Table 2 (domain shift): three clients (one training domain each, all its images) and the held-out domain split
-evenly over them as test sets. Table 5 (covariate shift): four clients, one domain each; Office-Caltech-10 has no
-test split, so each domain keeps `office_test_fraction` of its images (a seeded split) as its client's test set,
-corrupted at severity 5 (one of the 15 corruptions per image). Both: torchvision ResNet-18, **random
-initialisation** (no ImageNet weights here), images resized to `office_size` px (32 by default, for one CPU thread;
-the paper used its two-layer CNN, App. A.4), horizontal flips in the views. Skipped when `run_office` is False: too
-slow for the notebook's default budget on one CPU thread.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Tables 2 and 5 shape: Office-Caltech-10, domain and covariate test-time shift (optional: `run_office`)
+# Table 2 (domain shift): three clients (one training domain each, all its images) and the held-out domain split
+# evenly over them as test sets. Table 5 (covariate shift): four clients, one domain each; Office-Caltech-10 has no
+# test split, so each domain keeps `office_test_fraction` of its images (a seeded split) as its client's test set,
+# corrupted at severity 5 (one of the 15 corruptions per image). Both: torchvision ResNet-18, **random
+# initialisation** (no ImageNet weights here), images resized to `office_size` px (32 by default, for one CPU thread;
+# the paper used its two-layer CNN, App. A.4), horizontal flips in the views. Skipped when `run_office` is False: too
+# slow for the notebook's default budget on one CPU thread.
+
+# %%
 office_means = office_cov_means = office_rows = office_cov_rows = None
 if run_office:
     office_cfg = TrainConfig(**{**train_cfg.__dict__, "rounds": office_rounds, "cls_rounds": office_rounds, "flip": 0.5})
@@ -233,14 +242,14 @@ if run_office:
     office_cov_means = mean_by_method(office_cov_rows)
 else:
     print("Office-Caltech-10 sections skipped (run_office=False)")
-"""),
-    ("md", """
-## Table 4 shape: CIFAR-10 label skew with mild corruptions (optional: `run_cifar`)
-20 clients, Dirichlet($\\alpha$) label skew; each client's test set follows its training label histogram and is
-shifted by one of the 15 corruptions at severity 1 per image (substitute for CIFAR-10.1). `original` = the same test
-images unshifted. Skipped when `run_cifar` is False.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Table 4 shape: CIFAR-10 label skew with mild corruptions (optional: `run_cifar`)
+# 20 clients, Dirichlet($\alpha$) label skew; each client's test set follows its training label histogram and is
+# shifted by one of the 15 corruptions at severity 1 per image (substitute for CIFAR-10.1). `original` = the same test
+# images unshifted. Skipped when `run_cifar` is False.
+
+# %%
 cifar_means, cifar_rows = {}, {}
 if run_cifar:
     cifar_cfg = TrainConfig(**{**train_cfg.__dict__, "rounds": cifar_rounds, "cls_rounds": cifar_rounds, "flip": 0.5})
@@ -259,11 +268,11 @@ if run_cifar:
     display(table4_beside)
 else:
     print("CIFAR-10 section skipped (run_cifar=False)")
-"""),
-    ("md", """
-## Does FedICON beat FedAvg and the TTA baselines here?
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Does FedICON beat FedAvg and the TTA baselines here?
+
+# %%
 # each difference paired by seed: ahead / behind only beyond seed noise (workbook.paired_difference)
 lines = [paired_verdict("Digit domains, covariate shift (4 clients)", rows_digits)]
 lines.append(paired_verdict(f"Digit domains, leave-one-domain-out (mean of {len(lodo)} held-out domains)", rows_lodo))
@@ -272,11 +281,11 @@ if office_rows is not None:
     lines.append(paired_verdict("Office-Caltech-10 covariate shift (4 clients)", office_cov_rows))
 for alpha, r in cifar_rows.items():
     lines.append(paired_verdict(f"CIFAR-10 Dir({alpha:g}), mild corruptions", r))
-display(Markdown("\\n".join(f"- {l}" for l in lines)))
+display(Markdown("\n".join(f"- {l}" for l in lines)))
 if not smoke:
     body = [f"# FedICON tables (notebook 40_fedicon)", "",
-            f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon -p \\"seeds={seeds}\\" "
-            f"-p run_office={run_office} -p run_cifar={run_cifar} -p \\"shift_seeds={shift_seeds}\\"`: " +
+            f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon -p \"seeds={seeds}\" "
+            f"-p run_office={run_office} -p run_cifar={run_cifar} -p \"shift_seeds={shift_seeds}\"`: " +
             f"rounds={rounds}, local_epochs={local_epochs}, lr={lr}, tau={tau}, n_train={n_train}, n_test={n_test}, "
             f"seeds={seeds} (Tables 7, 2, 5, 4: {shift_seeds}); substitute settings (see the notebook).", "",
             "## Table 1 shape (digit domains, covariate shift)", "", markdown_table(table1_beside), "",
@@ -293,14 +302,15 @@ if not smoke:
         body += [f"## Table 4 shape (CIFAR-10, 20 clients, Dirichlet label skew, mild corruptions; {cifar_n_train} "
                  f"training images per client, {cifar_rounds} rounds)", "", markdown_table(table4_beside), ""]
     body += ["## Verdict", ""] + [f"- {l}" for l in lines]
-    (out_dir / "tables.md").write_text("\\n".join(body) + "\\n")
+    (out_dir / "tables.md").write_text("\n".join(body) + "\n")
 print(f"notebook compute: {time.time() - started:.0f} s")
-"""),    ("md", """
-## Reading it
-Computed from this run's tables (`fedicon.report.digits_reading`, `other_settings_reading`, `shift_cost_reading`):
-differences are paired by seed and called ahead or behind only beyond seed noise; with one seed nothing is tested.
-"""),
-    ("code", """
+
+# %% [markdown]
+# ## Reading it
+# Computed from this run's tables (`fedicon.report.digits_reading`, `other_settings_reading`, `shift_cost_reading`):
+# differences are paired by seed and called ahead or behind only beyond seed noise; with one seed nothing is tested.
+
+# %%
 paper_digits = paper_columns("table1", ["MNIST", "SVHN", "USPS", "Synth", "MNIST-M"], digit_methods).mean(axis=1)
 display(Markdown(digits_reading(rows_digits, pd.concat(fig3_epoch_rows, ignore_index=True), paper_digits.to_dict(),
                                 seeds, len(DIGIT_CLIENT_DOMAINS), rounds, local_epochs)))
@@ -308,12 +318,7 @@ others = {"Office-Caltech-10, domain shift": office_rows, "Office-Caltech-10, co
           **{f"CIFAR-10 Dir({a:g})": r for a, r in cifar_rows.items()}}
 others = {k: r for k, r in others.items() if r is not None}
 if others:
-    text = f"**The other settings** (seeds {shift_seeds}):\\n\\n" + other_settings_reading(others)
+    text = f"**The other settings** (seeds {shift_seeds}):\n\n" + other_settings_reading(others)
     if cifar_rows:
-        text += "\\n\\n" + shift_cost_reading(table4, paper4, cifar_alphas)
+        text += "\n\n" + shift_cost_reading(table4, paper4, cifar_alphas)
     display(Markdown(text))
-"""),
-]
-
-if __name__ == "__main__":
-    build(CELLS, Path(__file__).resolve().parent.parent / "40_fedicon.ipynb")
