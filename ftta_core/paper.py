@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -210,18 +210,23 @@ def table1_config(dataset: str, setting: str, tta: str, device: str = "auto") ->
 UNREAD_BY_FEDTSA_SCENARIOS = UNREAD_OUTSIDE_HETEROGENEITY
 
 
-def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: Sequence[int]) -> bool:
-    ignore = {"strategy", "seed", *UNREAD_BY_FEDTSA_SCENARIOS}
+def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: Sequence[int],
+                    strategy_params: Optional[Mapping[str, Any]] = None) -> bool:
+    ignore = {"strategy", "seed", "strategy_params", *UNREAD_BY_FEDTSA_SCENARIOS}
     ours, wanted = identity_of(config), identity_of(base)  # fields added later count only away from their default
-    return (config.get("strategy") in strategies and config.get("seed") in seeds and not config.get("strategy_params")
+    return (config.get("strategy") in strategies and config.get("seed") in seeds
+            and dict(config.get("strategy_params") or {}) == dict(strategy_params or {})
             and all(ours.get(k) == wanted.get(k) for k in (set(ours) | set(wanted)) - ignore))
 
 
 def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds: Sequence[int],
                        dataset: str = "cifar10", ttas: Sequence[str] = ("bn", "grad"),
-                       settings: Sequence[str] = TABLE1_SETTINGS) -> pd.DataFrame:
+                       settings: Sequence[str] = TABLE1_SETTINGS,
+                       strategy_params: Optional[Mapping[str, Any]] = None) -> pd.DataFrame:
     """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
     with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ...).
+    ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
+    with ``run-plan``) instead of their defaults.
 
     A stored summary counts for a column when its config equals ``table1_config`` for that column in every field
     the scenario reads (the strategy at its defaults); the file names are config hashes, which also change with
@@ -238,7 +243,7 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
             base = table1_config(dataset, setting, tta).to_dict()
             for s in summaries:
                 c = s.get("config", {})
-                if _matches_column(c, base, strategies, seeds):
+                if _matches_column(c, base, strategies, seeds, strategy_params):
                     rows.append({"tta": tta, "setting": setting, "strategy": c["strategy"], "seed": c["seed"],
                                  **{k: s[k] for k in SUMMARY_KEYS if k in s}})
     columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS]

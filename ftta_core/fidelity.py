@@ -1,0 +1,161 @@
+"""Which of the papers' claims about their clients hold in our stored runs (issue "Fidelity I"), computed.
+
+Every row of ``claims_table`` is one claim of FedTSA's Table 1 or FedCTTA's Table I, the paper's number for it, ours
+from the runs stored under ``figures/fedtsa_table1/runs`` (paired by seed), the verdict with a tie band of ``tie``
+points, and the runs that settle it (cell, setting, strategy variant, seeds). A claim without stored runs says so;
+nothing here runs anything. The pFedBBN claims come from ``ftta_core.temperature`` (its own runs).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import pandas as pd
+
+from .paper import GRAD_CELLS, METHOD_LABELS, TTA_SETTINGS, paper_table, stored_table1_runs
+
+RESULTS_DIR = "figures/fedtsa_table1/runs"
+SEEDS = (0, 1, 2, 3, 4)
+# a strategy variant: (strategy, its parameters); "fedctta (eval)" is FedCTTA with the reference clients' probes
+Variant = Tuple[str, Dict[str, Any]]
+FEDCTTA_VARIANTS: Dict[str, Variant] = {"FedCTTA (probe_bn=client)": ("fedctta", {}),
+                                        "FedCTTA (probe_bn=eval)": ("fedctta", {"probe_bn": "eval"})}
+# the TTA-grad cells each probe normalisation is read in: "eval" normalises with running statistics (the reference
+# clients), which only the running-BN cells keep
+FEDCTTA_GRAD_CELLS: Dict[str, Tuple[str, ...]] = {"FedCTTA (probe_bn=client)": ("grad", "grad-running-adam"),
+                                                  "FedCTTA (probe_bn=eval)": ("grad-running-adam",)}
+FEDAVGM_VARIANTS: Dict[str, Variant] = {"FedAvgM (momentum on all)": ("fedavgm", {}),
+                                        "FedAvgM (momentum on params)": ("fedavgm", {"momentum_on": "params"})}
+
+
+def accuracies(results_dir: Path | str, tta: str, setting: str, variant: Variant, seeds: Sequence[int] = SEEDS,
+               column: str = "accuracy", dataset: str = "cifar10") -> pd.Series:
+    """``column`` of the stored Table 1 runs of one strategy variant in one column (tta, setting), by seed."""
+    strategy, params = variant
+    grid = stored_table1_runs(results_dir, [strategy], list(seeds), dataset, (tta,), (setting,), params)
+    return grid.set_index("seed")[column] if len(grid) else pd.Series(dtype=float)
+
+
+def paired(a: pd.Series, b: pd.Series) -> Tuple[float, float, List[int]]:
+    """Mean and standard deviation (NaN below 2) of ``a - b`` over the seeds both have, and those seeds."""
+    both = sorted(a.index.intersection(b.index))
+    d = a[both] - b[both]
+    return (float(d.mean()) if both else float("nan"), float(d.std(ddof=1)) if len(both) > 1 else float("nan"),
+            list(both))
+
+
+def verdict(ours: float, paper: float, tie: float) -> str:
+    """'holds' when ours falls on the paper's side of 0 by more than ``tie`` (or within ``tie`` when the paper's is),
+    'does not hold' otherwise, 'no run' when ours is NaN."""
+    if np.isnan(ours):
+        return "no run"
+    side = lambda x: 0 if abs(x) <= tie else (1 if x > 0 else -1)  # noqa: E731
+    return "holds" if side(ours) == side(paper) else "does not hold"
+
+
+def _paper(table: str, dataset: str = "cifar10") -> pd.Series:
+    p = paper_table(table)
+    return p[p.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
+
+
+def _row(claim: str, source: str, paper: float, ours: Tuple[float, float, List[int]], tie: float,
+         settled_by: str) -> Dict[str, Any]:
+    mean, sd, seeds = ours
+    return {"claim": claim, "source": source, "paper": paper, "ours": mean, "ours sd": sd, "seeds": len(seeds),
+            "verdict": verdict(mean, paper, tie), "settled by": settled_by + (f", seeds {seeds}" if seeds else "")}
+
+
+def _cell_label(cell: str) -> str:
+    params = TTA_SETTINGS[cell]["local_params"]
+    return f"{cell} (BN {params.get('bn', 'batch')}, {params['optimizer']} {params['lr']:g})"
+
+
+def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
+                    cells: Sequence[str] = GRAD_CELLS, settings: Sequence[str] = ("niid", "iid")) -> List[dict]:
+    """FedTSA Table 1 under TTA-grad, per 2x2 cell: Local(grad) - Local(bn), FedAvg - Local, FedTSA - Local; and
+    FedAvg - Local against FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code."""
+    paper, fedctta = _paper("fedtsa_table1"), _paper("fedctta_table1")
+    rows = []
+    for setting in settings:
+        local_bn = accuracies(results_dir, "bn", setting, ("local", {}))
+        for cell in cells:
+            local = accuracies(results_dir, cell, setting, ("local", {}))
+            where = f"{_cell_label(cell)}, {setting.upper()}"
+            rows.append(_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
+                             paper[("Local", setting, "grad")] - paper[("Local", setting, "bn")],
+                             paired(local, local_bn), tie, where))
+            for s in ("fedavg", "fedtsa"):
+                label = METHOD_LABELS[s]
+                ours = paired(accuracies(results_dir, cell, setting, (s, {})), local)
+                rows.append(_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
+                                 paper[(label, setting, "grad")] - paper[("Local", setting, "grad")], ours, tie, where))
+                if s == "fedavg":
+                    rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
+                                     fedctta[(label, setting, "grad")] - fedctta[("Local", setting, "grad")], ours,
+                                     tie, where))
+    return rows
+
+
+def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
+                   others: Sequence[str] = ("local", "fedavg", "fedavgm", "fedtsa")) -> List[dict]:
+    """FedCTTA Table I: best under NIID TTA-bn (against the best of ``others`` per seed), not below FedAvg under IID
+    TTA-bn, above Local under TTA-grad (in the batch-BN SGD cell and the reference code's running-BN Adam cell);
+    for each probe normalisation stored."""
+    paper = _paper("fedctta_table1")
+    best_other_paper = max(paper[(METHOD_LABELS[s], "niid", "bn")] for s in others)
+    rows = []
+    for label, variant in FEDCTTA_VARIANTS.items():
+        ours = accuracies(results_dir, "bn", "niid", variant)
+        best = pd.concat([accuracies(results_dir, "bn", "niid", (s, {})) for s in others], axis=1).max(axis=1)
+        rows.append(_row("FedCTTA best under TTA-bn, NIID (minus the best of Local/FedAvg/FedAvgM/FedTSA)",
+                         "FedCTTA Table I", paper[("FedCTTA", "niid", "bn")] - best_other_paper,
+                         paired(ours, best), tie, f"{label}, TTA-bn, NIID"))
+        rows.append(_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
+                         paper[("FedCTTA", "iid", "bn")] - paper[("FedAvg", "iid", "bn")],
+                         paired(accuracies(results_dir, "bn", "iid", variant),
+                                accuracies(results_dir, "bn", "iid", ("fedavg", {}))), tie, f"{label}, TTA-bn, IID"))
+        for cell in FEDCTTA_GRAD_CELLS[label]:
+            rows.append(_row("FedCTTA above Local under TTA-grad, NIID", "FedCTTA Table I",
+                             paper[("FedCTTA", "niid", "grad")] - paper[("Local", "niid", "grad")],
+                             paired(accuracies(results_dir, cell, "niid", variant),
+                                    accuracies(results_dir, cell, "niid", ("local", {}))), tie,
+                             f"{label}, {_cell_label(cell)}, NIID"))
+    return rows
+
+
+def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> List[dict]:
+    """FedAvgM equal to FedAvg under TTA-bn (both papers' tables), for momentum on every shared tensor and on
+    parameters only (under TTA-bn the shared tensors are BN statistics, so the latter is FedAvg by construction)."""
+    paper = _paper("fedctta_table1")
+    rows = []
+    for setting in ("niid", "iid"):
+        fedavg = accuracies(results_dir, "bn", setting, ("fedavg", {}))
+        for label, variant in FEDAVGM_VARIANTS.items():
+            rows.append(_row(f"FedAvgM equal to FedAvg under TTA-bn, {setting.upper()}", "FedCTTA Table I",
+                             paper[("FedAvgM", setting, "bn")] - paper[("FedAvg", setting, "bn")],
+                             paired(accuracies(results_dir, "bn", setting, variant), fedavg), tie,
+                             f"{label}, TTA-bn, {setting.upper()}"))
+    return rows
+
+
+def claims_table(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
+                 extra: Optional[Sequence[Mapping[str, Any]]] = None) -> pd.DataFrame:
+    """All client-fidelity claims with the paper's difference, ours (mean, sd, seeds), the verdict and the runs.
+    ``extra``: more rows of the same shape (e.g. ``temperature.pfedbbn_claims``)."""
+    rows = tta_grad_claims(results_dir, tie) + fedctta_claims(results_dir, tie) + fedavgm_claims(results_dir, tie)
+    return pd.DataFrame(rows + list(extra or []))
+
+
+def claims_reading(table: pd.DataFrame) -> str:
+    """How many claims hold, do not hold, or lack runs, and which hold (computed from ``claims_table``)."""
+    counts = table["verdict"].value_counts()
+    held = table[table["verdict"] == "holds"]
+    return (f"{counts.get('holds', 0)} claim(s) hold, {counts.get('does not hold', 0)} do not, "
+            f"{counts.get('no run', 0)} have no stored run. Holding: "
+            + ("; ".join(f"{r['claim']} [{r['settled by']}] ({r['ours']:+.2f} vs paper {r['paper']:+.2f})"
+                         for r in held.to_dict("records")) or "none") + ".")
+
+
+__all__ = ["accuracies", "paired", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
+           "claims_reading", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]

@@ -1,0 +1,50 @@
+"""The client-fidelity claims are computed from stored runs: paired by seed, per strategy variant, with a verdict."""
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+import pytest
+
+from ftta_core.fidelity import accuracies, claims_reading, claims_table, fedavgm_claims, paired, verdict
+from ftta_core.paper import table1_config
+from ftta_core.runstore import store_summary
+from ftta_core.workbook import config_key
+
+
+def _store(folder, tta, setting, strategy, seed, accuracy, params=None, local=None):
+    cfg = dataclasses.replace(table1_config("cifar10", setting, tta), strategy=strategy,
+                              strategy_params=params or {}, seed=seed)
+    store_summary(folder / f"{config_key(cfg)}.json",
+                  {"accuracy": accuracy, "accuracy_local": accuracy if local is None else local, "config": cfg.to_dict()})
+
+
+def test_paired_uses_common_seeds_only():
+    mean, sd, seeds = paired(pd.Series({0: 3.0, 1: 5.0, 2: 9.0}), pd.Series({0: 1.0, 1: 2.0}))
+    assert (mean, seeds) == (2.5, [0, 1]) and sd == pytest.approx(0.7071, abs=1e-4)
+
+
+@pytest.mark.parametrize("ours,paper,expected", [(1.0, 5.0, "holds"), (-1.0, 5.0, "does not hold"),
+                                                  (0.2, 0.0, "holds"), (-3.0, 0.0, "does not hold"),
+                                                  (float("nan"), 1.0, "no run")])
+def test_verdict_sides_with_a_tie_band(ours, paper, expected):
+    assert verdict(ours, paper, tie=0.5) == expected
+
+
+def test_strategy_variants_are_told_apart(tmp_path):
+    for seed in (0, 1):
+        _store(tmp_path, "bn", "iid", "fedavg", seed, 70.0 + seed)
+        _store(tmp_path, "bn", "iid", "fedavgm", seed, 65.0 + seed)
+        _store(tmp_path, "bn", "iid", "fedavgm", seed, 70.0 + seed, {"momentum_on": "params"})
+    assert list(accuracies(tmp_path, "bn", "iid", ("fedavgm", {}))) == [65.0, 66.0]
+    rows = {r["settled by"].split(",")[0]: r for r in fedavgm_claims(tmp_path) if "IID" in r["claim"]}
+    assert rows["FedAvgM (momentum on all)"]["verdict"] == "does not hold"
+    assert rows["FedAvgM (momentum on all)"]["ours"] == pytest.approx(-5.0)
+    assert rows["FedAvgM (momentum on params)"]["verdict"] == "holds"
+    assert rows["FedAvgM (momentum on params)"]["seeds"] == 2
+
+
+def test_claims_table_without_runs_says_so(tmp_path):
+    table = claims_table(tmp_path)
+    assert set(table["verdict"]) == {"no run"}
+    assert claims_reading(table).startswith("0 claim(s) hold, 0 do not")

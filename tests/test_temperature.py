@@ -1,0 +1,53 @@
+"""pFedBBN's temperature / distance-scale study: the variants, the held-out selection rule and the claims rows."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from ftta_core.temperature import (HELD_OUT_SEED, curve, pfedbbn_claims, select_setting, setting_name,
+                                   temperature_variants)
+
+
+def test_the_default_setting_is_stored_as_the_default():
+    v = temperature_variants([1.0, 4.0], ["none", "row_median"])
+    assert v[setting_name(1.0, "none")]["strategy_params"] == {}  # the Table 1 grid's pFedBBN run, found by hash
+    assert v[setting_name(4.0, "row_median")]["strategy_params"] == {"temperature": 4.0, "scale": "row_median"}
+    assert v[setting_name(1.0, "row_median")]["strategy_params"] == {"scale": "row_median"}
+
+
+def _held_out(values):
+    return pd.DataFrame([{"alpha": a, "variant": setting_name(t, "none"), "seed": HELD_OUT_SEED, "accuracy": acc,
+                          "self": 1 - s, "same domain": s, "other domains": 0.0, "uniform same-domain": 0.2}
+                         for a, t, s, acc in values])
+
+
+def test_rule_takes_the_largest_same_domain_share_and_never_reads_accuracy():
+    held = _held_out([(0.1, 1, 0.10, 99.0), (0.1, 4, 0.40, 10.0), (0.1, 8, 0.40, 50.0), (0.01, 2, 0.3, 70.0)])
+    chosen = select_setting(pd.concat([held, held.assign(variant="BBN alone", **{"same domain": 0.9})]))
+    assert chosen.set_index("alpha")["variant"].to_dict() == {0.1: setting_name(4, "none"),  # tie -> smaller T
+                                                              0.01: setting_name(2, "none")}
+
+
+def test_claims_pair_seeds_and_read_the_papers_table():
+    name = setting_name(4, "none")
+    rows = []
+    for seed in (0, 1):
+        rows += [{"alpha": 0.1, "variant": name, "seed": seed, "accuracy": 60.0 + seed, "same domain": 0.5,
+                  "uniform same-domain": 0.2},
+                 {"alpha": 0.1, "variant": "BBN alone", "seed": seed, "accuracy": 58.0 + seed},
+                 {"alpha": 0.1, "variant": "FedAvg + BBN", "seed": seed, "accuracy": 62.0 + seed}]
+    claims = pfedbbn_claims(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.1, "variant": name}]))
+    by = {c["claim"]: c for c in claims}
+    bbn, fedavg = by["pFedBBN above BBN alone, alpha 0.1"], by["pFedBBN above FedAvg + BBN, alpha 0.1"]
+    assert (bbn["ours"], bbn["seeds"], bbn["verdict"]) == (2.0, 2, "holds")
+    assert bbn["paper"] == pytest.approx(72.41 - 56.88)  # pFedBBN Table 1, CIFAR-10-C, first Non-IID column
+    assert fedavg["verdict"] == "does not hold"
+    assert by["pFedBBN's W clusters by domain (same-domain share minus uniform, in points), alpha 0.1"]["ours"] == \
+        pytest.approx(30.0)
+
+
+def test_curve_averages_seeds():
+    g = pd.DataFrame([{"alpha": 0.1, "variant": "x", "seed": s, "accuracy": a, "self": 0.5, "same domain": 0.3,
+                       "other domains": 0.2, "uniform same-domain": 0.1} for s, a in ((0, 60.0), (1, 62.0))])
+    row = curve(g).iloc[0]
+    assert (row["accuracy"], row["seeds"]) == (61.0, 2) and row["accuracy sd"] == pytest.approx(1.4142, abs=1e-4)
