@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from . import style
 from .experiment import ALL_CORRUPTIONS, ExperimentConfig, build_scenario
 from .paper import paper_table
 from .workbook import same_domain_weight  # noqa: F401  (notebook 30 reads it from here)
@@ -219,9 +220,9 @@ def major_minor_plot(table: pd.DataFrame, ax: Optional[plt.Axes] = None, title: 
     x = np.arange(len(table))
     ax.bar(x - 0.2, table["acc_major"], 0.4, label="major class")
     ax.bar(x + 0.2, table["acc_minor"], 0.4, label="minor class")
-    ax.set_xticks(x, [f"{i}\n(C{a}/C{b})" for i, a, b in zip(table.index, table["major"], table["minor"])], fontsize=7)
+    ax.set_xticks(x, [f"{i}\n(C{a}/C{b})" for i, a, b in zip(table.index, table["major"], table["minor"])], fontsize=8)
     ax.set(xlabel="client (major / minor class)", ylabel="accuracy (%)", ylim=(0, 105), title=title)
-    ax.legend(fontsize=8)
+    style.legend_outside(ax)
     return ax
 
 
@@ -230,8 +231,10 @@ def per_domain_plot(table: pd.DataFrame, ax: Optional[plt.Axes] = None, title: s
     ax = ax or plt.gca()
     domains = [c for c in table.columns if c not in ("mean", "seeds")]
     table[domains].T.plot.bar(ax=ax, width=0.8)
-    ax.set(ylabel="accuracy (%)", title=title)
-    ax.legend(fontsize=7, ncol=2)
+    ax.set(xlabel="corruption", ylabel="accuracy (%)", ylim=(0, 100), title=title)
+    ax.tick_params(axis="x", labelrotation=45)
+    plt.setp(ax.get_xticklabels(), ha="right", rotation_mode="anchor")
+    style.legend_outside(ax, title="server")
     return ax
 
 

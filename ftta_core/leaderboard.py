@@ -117,17 +117,10 @@ def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int,
     return "\n\n".join(text)
 
 
-def leaderboard_heatmap(table: pd.DataFrame, ax=None, title: str = ""):
-    """Heatmap of mean accuracy (rows: local methods, columns: strategies), annotated 'mean ± ci95'."""
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+def leaderboard_heatmap(table: pd.DataFrame, ax=None, title: str = "", rows: Sequence[str] = (),
+                        columns: Sequence[str] = ()):
+    """Heatmap of mean accuracy (rows: local methods, columns: strategies), annotated 'mean ± ci95'; rows and
+    columns named but not run are drawn hatched ('not run'). Drawn by ``plots.leaderboard_heatmap``."""
+    from .plots import leaderboard_heatmap as draw
 
-    ax = ax or plt.gca()
-    means = table["mean"].unstack("strategy").astype(float)  # cells of a partial grid are NaN (left blank)
-    ci = table["ci95"].unstack("strategy").reindex_like(means).astype(float)
-    labels = means.map(lambda v: "" if pd.isna(v) else f"{v:.1f}") + ci.map(
-        lambda v: "" if pd.isna(v) else f"\n±{v:.1f}")
-    sns.heatmap(means, annot=labels.values, fmt="", cmap="viridis", ax=ax, cbar_kws={"label": "accuracy (%)"},
-                annot_kws={"fontsize": 7})
-    ax.set(xlabel="strategy", ylabel="local method", title=title)
-    return ax
+    return draw(table, ax=ax, title=title, rows=rows, columns=columns)

@@ -1,21 +1,36 @@
-"""Figures read from the tidy results tables only: collaboration matrices, accuracy over time, comparisons."""
+"""Figures read from the tidy results tables only: collaboration matrices, accuracy over time, comparisons.
+
+Every figure follows ``ftta_core.style``: collaboration matrices on the fixed [0, 1] scale, legends outside the data,
+error bars from seeds.
+"""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from . import style
+
 
 def collaboration_heatmap(weights: np.ndarray, ax: Optional[plt.Axes] = None, title: str = "",
-                          labels: Optional[Sequence[str]] = None, annotate: bool = False) -> plt.Axes:
-    """Heatmap of one collaboration matrix W (row i: how much client i takes from each client j)."""
+                          labels: Optional[Sequence[str]] = None, annotate: bool = False,
+                          vmin: Optional[float] = style.W_RANGE[0], vmax: Optional[float] = style.W_RANGE[1],
+                          groups: Optional[Sequence[Any]] = None, cbar: bool = True,
+                          cbar_label: str = style.W_LABEL, cmap: str = style.W_CMAP) -> plt.Axes:
+    """Heatmap of one collaboration matrix W (row i: how much client i takes from each client j), on the fixed
+    [0, 1] scale unless ``vmin``/``vmax`` say otherwise (None: the data's range, for matrices that are not W);
+    ``groups`` (client i's group, clients ordered by group) draws the group boundaries."""
     ax = ax or plt.gca()
-    sns.heatmap(np.asarray(weights), ax=ax, cmap="viridis", vmin=0, square=True, annot=annotate, fmt=".2f",
+    sns.heatmap(np.asarray(weights, dtype=float), ax=ax, cmap=cmap, vmin=vmin, vmax=vmax, square=True,
+                annot=annotate, fmt=".2f", annot_kws={"fontsize": 7}, cbar=cbar,
                 xticklabels=labels if labels is not None else "auto",
-                yticklabels=labels if labels is not None else "auto", cbar_kws={"shrink": 0.7})
+                yticklabels=labels if labels is not None else "auto",
+                cbar_kws={"shrink": 0.7, "label": cbar_label} if cbar else None)
+    if groups is not None:
+        style.draw_groups(ax, groups)
     ax.set_xlabel("from client j")
     ax.set_ylabel("client i")
     ax.set_title(title)
@@ -23,15 +38,22 @@ def collaboration_heatmap(weights: np.ndarray, ax: Optional[plt.Axes] = None, ti
 
 
 def collaboration_over_time(weights: np.ndarray, client: int, ax: Optional[plt.Axes] = None,
-                            slot_steps: Optional[int] = None, title: str = "") -> plt.Axes:
-    """Row ``client`` of W over time ([T, N, N] -> image of clients x steps)."""
+                            slot_steps: Optional[int] = None, title: str = "",
+                            groups: Optional[Sequence[Any]] = None, cbar: bool = True) -> plt.Axes:
+    """Row ``client`` of W over time ([T, N, N] -> image of clients x steps) on the fixed [0, 1] scale; white
+    vertical lines separate slots, horizontal lines the client groups (``groups``)."""
     ax = ax or plt.gca()
     row = np.asarray(weights)[:, client, :].T
-    im = ax.imshow(row, aspect="auto", cmap="viridis", vmin=0, interpolation="nearest")
-    plt.colorbar(im, ax=ax, shrink=0.8)
+    im = ax.imshow(row, aspect="auto", cmap=style.W_CMAP, vmin=style.W_RANGE[0], vmax=style.W_RANGE[1],
+                   interpolation="nearest", extent=(-0.5, row.shape[1] - 0.5, row.shape[0] - 0.5, -0.5))
+    ax.grid(False)  # the style's grid would cross the image
+    if cbar:
+        ax.figure.colorbar(im, ax=ax, shrink=0.8, label=style.W_LABEL)
     if slot_steps:
         for x in range(slot_steps, row.shape[1], slot_steps):
             ax.axvline(x - 0.5, color="white", lw=0.5, alpha=0.6)
+    if groups is not None:
+        style.draw_groups(ax, groups, columns=False, offset=-0.5)
     ax.set_xlabel("step")
     ax.set_ylabel("weight on client j")
     ax.set_title(title or f"client {client}'s collaboration over time")
@@ -50,44 +72,92 @@ def accuracy_per_slot(steps: pd.DataFrame, ax: Optional[plt.Axes] = None, label:
 
 
 def method_comparison(table: pd.DataFrame, x: str, y: str = "accuracy", hue: Optional[str] = None,
-                      ax: Optional[plt.Axes] = None, reference: Optional[float] = None) -> plt.Axes:
-    """Bar chart of ``y`` per ``x`` (and ``hue``) with seed spread as error bars."""
+                      ax: Optional[plt.Axes] = None, reference: Optional[float] = None,
+                      seed: str = "seed") -> plt.Axes:
+    """Bar chart of mean ``y`` per ``x`` (and ``hue``) from 0 to 100, ±1 sd over seeds as error bars (bars with
+    one seed have none), each bar labelled with its mean and seed count; legend outside the data."""
     ax = ax or plt.gca()
-    sns.barplot(data=table, x=x, y=y, hue=hue, ax=ax, errorbar="sd")
+    order = list(pd.unique(table[x]))
+    hue_order = list(pd.unique(table[hue])) if hue else [None]
+    sns.barplot(data=table, x=x, y=y, hue=hue, ax=ax, errorbar="sd", capsize=0.15, err_kws={"linewidth": 1.2},
+                order=order, hue_order=hue_order if hue else None)
+    summary = style.mean_sd(table, x, y, hue, seed)
+    found = {key: (m, n) for key, m, n in
+             zip(zip(summary[hue] if hue else [None] * len(summary), summary[x]), summary["mean"], summary["n"])}
+    bars = [c for c in ax.containers if hasattr(c, "datavalues")]
+    for group, container in zip(hue_order, bars):
+        labels = [f"{found[(group, v)][0]:.1f}\nn={int(found[(group, v)][1])}" if (group, v) in found else ""
+                  for v in order]
+        ax.bar_label(container, labels=labels, fontsize=7, label_type="center")
     if reference is not None:
         ax.axhline(reference, color="k", ls="--", lw=1, label="source (no adaptation)")
-    lo = float(table[y].min())
-    ax.set_ylim(max(0.0, lo - 10), min(100.0, float(table[y].max()) + 5))
+    ax.set_ylim(0, 105)
     ax.set_ylabel(f"{y} (%)")
+    style.legend_outside(ax)
     return ax
 
 
 def collaboration_snapshots(weights: np.ndarray, steps: Sequence[int], axes: Optional[Sequence[plt.Axes]] = None,
-                            labels: Optional[Sequence[str]] = None) -> Sequence[plt.Axes]:
-    """W at each of ``steps`` ([T, N, N] -> one heatmap per step, shared colour scale): the matrices over rounds."""
+                            labels: Optional[Sequence[str]] = None,
+                            groups: Optional[Sequence[Any]] = None) -> Sequence[plt.Axes]:
+    """W at each of ``steps`` ([T, N, N] -> one heatmap per step) on the fixed [0, 1] scale with one colour bar."""
     w = np.asarray(weights)
-    if axes is None:
-        _, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 3))
-    axes = np.atleast_1d(axes)
-    vmax = float(w[list(steps)].max())
-    for ax, t in zip(axes, steps):
-        sns.heatmap(w[t], ax=ax, cmap="viridis", vmin=0, vmax=vmax, square=True, cbar=ax is axes[-1],
-                    xticklabels=labels if labels is not None else "auto",
-                    yticklabels=labels if labels is not None else "auto", cbar_kws={"shrink": 0.7})
-        ax.set_title(f"step {t}")
-        ax.set_xlabel("from client j")
-    axes[0].set_ylabel("client i")
+    _, axes = style.collaboration_matrices({f"step {t}": w[t] for t in steps}, groups=groups, axes=axes)
+    if labels is not None:
+        for ax in axes:
+            ax.set_xticks(np.arange(len(labels)) + 0.5, labels)
+            ax.set_yticks(np.arange(len(labels)) + 0.5, labels)
     return axes
 
 
 def accuracy_curve(table: pd.DataFrame, x: str, y: str = "accuracy", hue: Optional[str] = None,
-                   ax: Optional[plt.Axes] = None, log_x: bool = False) -> plt.Axes:
-    """Mean ``y`` (%) against ``x`` with the seed spread (sd) as a band, one line per ``hue``."""
+                   ax: Optional[plt.Axes] = None, log_x: bool = False, label: Optional[str] = None,
+                   labels: Optional[Mapping[Any, str]] = None) -> plt.Axes:
+    """Mean ``y`` (%) against ``x`` with ±1 sd over seeds as error bars (open marker: one seed), one line per
+    ``hue`` (named by ``labels``) or one line named ``label``; legend outside."""
     ax = ax or plt.gca()
-    sns.lineplot(data=table, x=x, y=y, hue=hue, ax=ax, marker="o", errorbar="sd")
+    style.errorbar_lines(ax, table, x, y, hue, labels=labels, **({} if hue else {"label": label}))
     if log_x:
         ax.set_xscale("log")
     ax.set_ylabel(f"{y} (%)")
+    if hue:
+        style.legend_outside(ax, title=hue)
+    return ax
+
+
+def leaderboard_heatmap(table: pd.DataFrame, ax: Optional[plt.Axes] = None, title: str = "",
+                        rows: Sequence[str] = (), columns: Sequence[str] = (), robust: float = 10.0) -> plt.Axes:
+    """Mean accuracy per (local method, strategy), annotated 'mean ± ci95'. The colour scale starts at the
+    ``robust`` percentile of the cells (lower cells keep their number, the colour bar's arrow marks the clip), so
+    one collapsed cell does not flatten the rest; ``rows``/``columns`` that have no run are drawn hatched, 'not run'."""
+    ax = ax or plt.gca()
+    means = table["mean"].unstack("strategy").astype(float)
+    means = means.reindex(index=list(dict.fromkeys([*rows, *means.index])),
+                          columns=list(dict.fromkeys([*columns, *means.columns])))
+    ci = table["ci95"].unstack("strategy").reindex_like(means).astype(float)
+    labels = means.map(lambda v: "" if pd.isna(v) else f"{v:.1f}") + ci.map(
+        lambda v: "" if pd.isna(v) else f"\n±{v:.1f}")
+    vmin, vmax = style.shared_limits([means.values], robust=robust)
+    clipped = bool((means.values < vmin).any())
+    sns.heatmap(means, annot=labels.values, fmt="", cmap="viridis", ax=ax, vmin=vmin, vmax=vmax,
+                cbar_kws={"label": "accuracy (%)", "extend": "min" if clipped else "neither"},
+                annot_kws={"fontsize": 7}, linewidths=0.5, linecolor="white")
+    for i, j in zip(*np.nonzero(means.isna().values)):
+        ax.add_patch(plt.Rectangle((j, i), 1, 1, fill=False, hatch="///", edgecolor="0.6", lw=0))
+        ax.text(j + 0.5, i + 0.5, "not run", ha="center", va="center", fontsize=7, color="0.3")
+    ax.set(xlabel="strategy", ylabel="local method", title=title)
+    return ax
+
+
+def scenario_map(ax: plt.Axes, domain_map: np.ndarray, title: str = "", xlabel: str = "slot",
+                 cmap: str = "tab20", n_domains: Optional[int] = None) -> plt.Axes:
+    """A clients x slots map of domain ids drawn with one fixed colour per domain id (key: ``style.category_key``
+    with the same ``cmap``)."""
+    n = n_domains or int(np.max(domain_map)) + 1
+    colors = plt.get_cmap(cmap)
+    sns.heatmap(domain_map, ax=ax, cmap=[colors(k % colors.N) for k in range(n)], vmin=-0.5, vmax=n - 0.5,
+                cbar=False)
+    ax.set(title=title, xlabel=xlabel, ylabel="client")
     return ax
 
 
@@ -95,7 +165,7 @@ def server_cost_figure(result: dict, axes: Optional[Sequence[plt.Axes]] = None) 
     """From ``benchmarks/results/server_cost_*.json``: server seconds per round and memory held between rounds
     against the number of clients (log-log), and memory held over rounds from an empty server."""
     if axes is None:
-        _, axes = plt.subplots(1, 3, figsize=(16, 4))
+        _, axes = style.panels(3)
     scaling = pd.DataFrame(result["scaling"])
     scaling["seconds"] = scaling.get("round_s_at_default_steps", scaling["round_s"]).fillna(scaling["round_s"])
     for label, g in scaling.groupby("strategy", sort=False):
@@ -111,6 +181,15 @@ def server_cost_figure(result: dict, axes: Optional[Sequence[plt.Axes]] = None) 
         axes[2].plot(g["round"], g.retained_bytes, marker=".", label=label)
     axes[2].set(xlabel="round", ylabel="bytes held after the round",
                 title=f"memory over rounds ({result['over_rounds_clients']} clients)")
-    for ax in axes:
-        ax.legend(fontsize=7)
+    style.legend_outside(axes[-1], title="strategy")
     return axes
+
+
+def domain_groups(table: pd.DataFrame | np.ndarray) -> list:
+    """Client i's group (0, 1, ...: clients with the same domain at every step/slot, numbered by first appearance),
+    from a steps or slots table (columns client, domain and step or slot) or a clients x slots domain map."""
+    if isinstance(table, pd.DataFrame):
+        time = "step" if "step" in table else "slot"
+        table = table.pivot_table(index="client", columns=time, values="domain", aggfunc="first").astype(str).values
+    ids: dict = {}
+    return [ids.setdefault(tuple(row), len(ids)) for row in np.asarray(table)]
