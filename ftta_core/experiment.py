@@ -16,10 +16,11 @@ import pandas as pd
 import torch
 from torch.profiler import record_function
 
-from .engine.loop import Engine, StepResult
-from .scenarios import (CASE_STUDY_LEADS, Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools,
-                        fedctta_scenario, fedtsa_scenario, heterogeneity_scenario)
-from .stream import CLEAN, CorruptedDomains, Stream
+from .build import (ClassTally, Recorder, build_local_for, build_run, build_scenario, build_stream,  # noqa: F401
+                    build_strategy_for, local_params, resolve_device, run_length, step_rows, strategy_params)
+from .engine.loop import Engine, StepResult  # noqa: F401  (public names of this module before ``build``)
+from .scenarios import CASE_STUDY_LEADS
+from .stream import CLEAN, Stream
 from .runstore import RunStoreError, atomic_write, atomic_write_text
 
 DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
@@ -32,15 +33,6 @@ DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
 SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "case_study", "case_study_fedctta",
              "heterogeneity")
 ALL_CORRUPTIONS = "all"
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when available, else 'cpu'."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device: {device!r} requested but CUDA is not available")
-    return device
 
 
 @dataclass
@@ -254,107 +246,6 @@ def identity_of(config: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in out.items() if k not in UNREAD_OUTSIDE_HETEROGENEITY}
 
 
-def local_params(cfg: ExperimentConfig) -> Dict[str, Any]:
-    """The local method's parameters; a method that draws random numbers gets the run's seed unless given one."""
-    from .registry import accepts
-    from .tta import LOCAL_METHODS
-
-    params = dict(cfg.local_params)
-    if accepts(LOCAL_METHODS, cfg.local, "seed"):
-        params.setdefault("seed", cfg.seed)
-    return params
-
-
-def strategy_params(cfg: ExperimentConfig) -> Dict[str, Any]:
-    """The strategy's parameters; a strategy that draws random numbers gets the run's seed unless given one."""
-    from .registry import accepts
-    from .strategies import STRATEGIES
-
-    params = dict(cfg.strategy_params)
-    if accepts(STRATEGIES, cfg.strategy, "seed"):
-        params.setdefault("seed", cfg.seed)
-    return params
-
-
-def build_scenario(cfg: ExperimentConfig) -> Scenario:
-    """The scenario the config names."""
-    names = cfg.corruption_list
-    if cfg.scenario in CASE_STUDY_LEADS:
-        return case_study_scenario(names, cfg.batch_size, cfg.images_per_client,
-                                   cfg.slot_steps or cfg.images_per_client // cfg.batch_size,
-                                   lead=CASE_STUDY_LEADS[cfg.scenario])
-    if cfg.scenario.startswith(("fedtsa", "fedctta")):
-        build = fedtsa_scenario if cfg.scenario.startswith("fedtsa") else fedctta_scenario
-        return build(names, niid=cfg.scenario.endswith("_niid"), n_clients=cfg.clients, batch_size=cfg.batch_size,
-                     images_per_domain=cfg.images_per_client,
-                     slot_steps=cfg.slot_steps or cfg.images_per_client // cfg.batch_size)
-    n_steps = cfg.n_steps or len(names) * (cfg.images_per_client // cfg.batch_size)
-    if cfg.slot_steps:
-        return heterogeneity_scenario(cfg.clients, names, cfg.sh, 1 / cfg.slot_steps, n_steps, cfg.batch_size)
-    return heterogeneity_scenario(cfg.clients, names, cfg.sh, cfg.th, n_steps, cfg.batch_size)
-
-
-def build_stream(cfg: ExperimentConfig, device: str = "cpu", data_root: Optional[str] = None) -> Stream:
-    """Load the test set, corrupt it per domain (cached) and build the clients' stream."""
-    from .data import load_dataset
-    from .data.root import cache_dir
-
-    base = load_dataset(cfg.dataset, "test", root=data_root)
-    scenario = build_scenario(cfg)
-    domains = CorruptedDomains(base, cfg.corruption_list, cfg.severity, seed=cfg.seed,
-                               cache_dir=cache_dir() / "corrupted")
-    if cfg.label_alpha is None:
-        pools = client_image_pools(len(base), cfg.clients, cfg.images_per_client, cfg.seed)
-    else:
-        pools = dirichlet_client_pools(base.labels, cfg.clients, cfg.images_per_client, cfg.label_alpha, cfg.seed)
-    return Stream(scenario, domains, pools, device=device)
-
-
-def step_rows(res: StepResult, scenario: Scenario) -> List[Dict[str, Any]]:
-    """The tidy rows (one per client) of one step."""
-    return [{"step": res.step, "slot": scenario.slot_of(res.step), "client": i,
-             "domain": scenario.domain_names[int(res.domains[i])], "n": int(res.n[i]),
-             "correct_source": int(res.correct_source[i]), "correct_local": int(res.correct_local[i]),
-             "correct_mixed": int(res.correct_mixed[i]), "rejected": bool(res.rejected[i]),
-             "absent": bool(res.absent[i])}
-            for i in range(len(res.n))]
-
-
-@dataclass
-class ClassTally:
-    """Per-client, per-true-class samples and correct predictions after mixing, summed over steps ([N, K] each)."""
-
-    counts: Optional[np.ndarray] = None
-    correct: Optional[np.ndarray] = None
-
-    def add(self, res: StepResult) -> None:
-        """Add one step's ``n_by_class`` / ``correct_by_class``."""
-        if res.n_by_class is None or res.correct_by_class is None:
-            return
-        if self.counts is None:
-            self.counts, self.correct = np.zeros_like(res.n_by_class), np.zeros_like(res.correct_by_class)
-        self.counts = self.counts + res.n_by_class
-        self.correct = self.correct + res.correct_by_class
-
-    def state(self) -> Dict[str, Any]:
-        """What a checkpoint keeps (``from_state`` restores it)."""
-        return {"counts": self.counts, "correct": self.correct}
-
-    @classmethod
-    def from_state(cls, state: Dict[str, Any]) -> "ClassTally":
-        """Restore ``state()``."""
-        return cls(state.get("counts"), state.get("correct"))
-
-    def summary(self) -> Dict[str, Any]:
-        """``accuracy_by_class`` (%, all clients; None for a class no client saw) and the per-client tables
-        ``class_counts`` / ``class_correct`` [N][K] (mixed predictions); {} when nothing was recorded."""
-        if self.counts is None:
-            return {}
-        n, c = self.counts.sum(0), self.correct.sum(0)
-        return {"accuracy_by_class": {str(k): (float(100 * c[k] / n[k]) if n[k] else None) for k in range(len(n))},
-                "class_counts": self.counts.tolist(), "class_correct": self.correct.tolist()}
-
-
 @dataclass
 class Results:
     """Tidy per-(step, client) table, W over time [T, N, N] and the summary dict."""
@@ -425,58 +316,30 @@ def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, d
          stream: Optional[Stream], server_threads: Optional[int]) -> Results:
     """``run_experiment``'s loop (with ``writer``: resumed from and committed to its folder)."""
     from .runstore import code_record
-    from .strategies import build_strategy
-    from .training import load_source_model
-    from .tta import build_local
-    from .rng import derive_seed
 
     code = code_record(cfg.local, cfg.strategy)  # the code as it is when the run starts
-    device = resolve_device(cfg.device)
-    stream = stream or build_stream(cfg, device, data_root)
-    torch.manual_seed(derive_seed(cfg.seed, "engine"))
-    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
-                    build_strategy(cfg.strategy, **strategy_params(cfg)), cfg.clients, cfg.backend, device,
-                    cfg.participation, cfg.seed, server_threads)
-    n_steps = min(len(stream), cfg.max_steps or len(stream))
-    if cfg.smoke:
-        n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
-    start, rows, weights, classes = 0, [], [], ClassTally()
-    if writer is not None:
-        start, rows, weights = writer.resume(engine)
-        classes = writer.classes
-    t0, upload_bytes = time.perf_counter(), 0
-    steps = range(start, n_steps)
-    if progress:
-        from tqdm.auto import tqdm
-        steps = tqdm(steps, desc=f"{cfg.local}+{cfg.strategy}", initial=start, total=n_steps)
-    slot_rows, slot_w = [], []
-    try:
-        for t in steps:
+    with build_run(cfg, stream=stream, data_root=data_root, server_threads=server_threads) as run:
+        engine, recorder = run.engine, run.recorder()
+        start = 0
+        if writer is not None:
+            start, recorder.rows, recorder.weights = writer.resume(engine)
+            recorder.classes = writer.classes
+        t0 = time.perf_counter()
+        for t in run.steps(start, progress=progress):
             with record_function("ftta.step"):  # the whole step, recording included
-                engine.prefetch(stream, t, n_steps)  # rounds that depend only on the source model start early
                 with record_function("ftta.stream"):
-                    batch = stream.batch(t)
-                res = engine.step(batch)
-                upload_bytes = res.upload_bytes
-                slot_rows += step_rows(res, stream.scenario)
-                slot_w.append(res.weights)
-                if classes is not None:
-                    classes.add(res)
-                if writer is not None and ((t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps):
-                    writer.commit(engine, t + 1, slot_rows, slot_w, classes)
-                if (t + 1) % stream.scenario.slot_steps == 0 or t + 1 == n_steps:
-                    rows += slot_rows
-                    weights += slot_w
-                    slot_rows, slot_w = [], []
-    finally:
-        engine.close()
-    table = pd.DataFrame(rows)
-    collab = np.stack(weights) if weights else np.zeros((0, cfg.clients, cfg.clients), np.float32)
-    summary = summarize(table, cfg, time.perf_counter() - t0, device, upload_bytes, classes,
-                        engine.rounds_ahead_threads, code)
+                    batch = run.stream.batch(t)
+                recorder.add(engine.step(batch))
+                if recorder.slot_done(t, run.n_steps):
+                    if writer is not None:
+                        writer.commit(engine, t + 1, recorder.slot_rows, recorder.slot_weights, recorder.classes)
+                    recorder.close_slot()
+    summary = summarize(recorder.table(), cfg, time.perf_counter() - t0, run.device, recorder.upload_bytes,
+                        recorder.classes, engine.rounds_ahead_threads, code)
+    results = Results(recorder.table(), recorder.collaboration(), summary)
     if writer is not None:
-        writer.finish(table, collab, summary)
-    return Results(table, collab, summary)
+        writer.finish(results.steps, results.collaboration, summary)
+    return results
 
 
 class RunWriter:
@@ -597,48 +460,24 @@ def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: b
     batch-statistics pass are computed once per step for all strategies. Each result equals
     ``run_experiment(replace(cfg, strategy=name))`` (tested); configs per strategy are in each summary.
     """
-    from .strategies import build_strategy
-    from .training import load_source_model
-    from .tta import build_local
-    from .rng import derive_seed
-
-    device = resolve_device(cfg.device)
-    stream = build_stream(cfg, device, data_root)
-    torch.manual_seed(derive_seed(cfg.seed, "engine"))
+    built = {name: build_strategy_for(cfg, name) for name in strategies}
     cfgs = {name: dataclasses.replace(cfg, strategy=name, strategy_params={}) for name in strategies}
-    built = {name: build_strategy(name, **strategy_params(c)) for name, c in cfgs.items()}
-    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **local_params(cfg)),
-                    built[strategies[0]], cfg.clients, cfg.backend, device, cfg.participation, cfg.seed,
-                    server_threads)
-    for s in built.values():
-        s.reset(cfg.clients)
-    n_steps = min(len(stream), cfg.max_steps or len(stream))
-    if cfg.smoke:
-        n_steps = min(n_steps, 2 * stream.scenario.slot_steps, 20)
-    rows: Dict[str, List[dict]] = {name: [] for name in strategies}
-    weights: Dict[str, List[np.ndarray]] = {name: [] for name in strategies}
-    upload = {name: 0 for name in strategies}
-    classes = {name: ClassTally() for name in strategies}
-    t0 = time.perf_counter()
-    steps = range(n_steps)
-    if progress:
-        from tqdm.auto import tqdm
-        steps = tqdm(steps, desc=f"{cfg.local} x {len(strategies)} strategies")
-    try:
-        for t in steps:
-            engine.prefetch(stream, t, n_steps, built)
-            for name, res in engine.step_strategies(stream.batch(t), built).items():
-                rows[name] += step_rows(res, stream.scenario)
-                weights[name].append(res.weights)
-                upload[name] = res.upload_bytes
-                classes[name].add(res)
-    finally:
-        engine.close()
+    with build_run(cfg, strategy=built[strategies[0]], data_root=data_root, server_threads=server_threads) as run:
+        engine = run.engine
+        for s in built.values():
+            s.reset(cfg.clients)
+        recorders = {name: run.recorder() for name in strategies}
+        t0 = time.perf_counter()
+        for t in run.steps(progress=progress, strategies=built):
+            for name, res in engine.step_strategies(run.stream.batch(t), built).items():
+                recorders[name].add(res)
     wall = (time.perf_counter() - t0) / len(strategies)
     out = {}
-    for name in strategies:
-        table = pd.DataFrame(rows[name])
-        summary = summarize(table, cfgs[name], wall, device, upload[name], classes[name], engine.rounds_ahead_threads)
+    for name, rec in recorders.items():
+        rec.close_slot()
+        table = rec.table()
+        summary = summarize(table, cfgs[name], wall, run.device, rec.upload_bytes, rec.classes,
+                            engine.rounds_ahead_threads)
         summary["shared_pass"] = list(strategies)
-        out[name] = Results(table, np.stack(weights[name]), summary)
+        out[name] = Results(table, np.stack(rec.weights), summary)
     return out

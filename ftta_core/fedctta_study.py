@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .experiment import ExperimentConfig, Results, build_stream, resolve_device, step_rows, strategy_params
-from .rng import derive_seed, numpy_generator
+from .build import build_run
+from .experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
+from .rng import numpy_generator
 from .stream import Stream
 from .strategies import build_strategy
 from .strategies.base import Strategy
@@ -49,28 +50,19 @@ def clean_probe_images(dataset: str, m: int = 64, seed: int = 0) -> torch.Tensor
 
 
 def run_live(cfg: ExperimentConfig, strategy: Strategy, stream: Optional[Stream] = None) -> Results:
-    """Run ``cfg`` with a strategy object (no files): the tidy steps table, W over time and a short summary."""
-    from .engine.loop import Engine
-    from .training import load_source_model
-    from .tta import build_local
-
-    device = resolve_device(cfg.device)
-    stream = stream or build_stream(cfg, device)
-    torch.manual_seed(derive_seed(cfg.seed, "engine"))
-    engine = Engine(load_source_model(cfg.model_name, device=device), build_local(cfg.local, **cfg.local_params),
-                    strategy, cfg.clients, cfg.backend, device)
-    n_steps = min(len(stream), cfg.max_steps or len(stream))
-    rows: List[dict] = []
-    weights = []
-    for t in range(n_steps):
-        res = engine.step(stream.batch(t))
-        rows += step_rows(res, stream.scenario)
-        weights.append(res.weights)
-    table = pd.DataFrame(rows)
+    """Run ``cfg`` with a strategy object (no files): the tidy steps table, W over time and a short summary. Built
+    by ``build_run`` like ``run_experiment``: the same config gives the same table and W."""
+    with build_run(cfg, stream=stream, strategy=strategy) as run:
+        recorder = run.recorder()
+        for t in run.steps():
+            recorder.add(run.engine.step(run.stream.batch(t)))
+        recorder.close_slot()
+    table = recorder.table()
     n = table["n"].sum()
     summary = {f"accuracy{suffix}": 100 * table[f"correct_{kind}"].sum() / n
                for suffix, kind in (("", "mixed"), ("_local", "local"), ("_source", "source"))}
-    return Results(table, np.stack(weights), {**summary, "steps": n_steps, "strategy": strategy.name})
+    summary["absent_uploads"] = int(table["absent"].sum())
+    return Results(table, recorder.collaboration(), {**summary, "steps": run.n_steps, "strategy": strategy.name})
 
 
 @dataclass

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .experiment import ExperimentConfig, build_stream, local_params, strategy_params
+from .build import build_run
+from .experiment import ExperimentConfig
 
 # what each kind of upload is, and which strategies send it
 UPLOAD_KINDS = {
@@ -43,34 +44,31 @@ class CollectedUploads:
 
 def collect_uploads(cfg: ExperimentConfig, max_steps: Optional[int] = None,
                     data_root: Optional[str] = None) -> CollectedUploads:
-    """Run ``cfg`` and keep every client's uploads at every step (the run itself proceeds as usual)."""
-    from .engine.loop import Engine
-    from .strategies import build_strategy
-    from .training import load_source_model
-    from .tta import build_local
+    """Run ``cfg`` (on CPU; built by ``build_run``, so the run proceeds as ``run_experiment``'s) and keep the uploads
+    that reach the server: every present client's at every step (``max_steps``: at most that many steps).
+    An absent client's upload never leaves it (``participation``) and is not collected."""
+    from .strategies.base import probe_uploads
 
-    stream = build_stream(cfg, "cpu", data_root)
-    strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
-    engine = Engine(load_source_model(cfg.model_name), build_local(cfg.local, **local_params(cfg)), strategy,
-                    cfg.clients, cfg.backend, "cpu")
-    n_steps = min(len(stream), max_steps or len(stream))
     rows: Dict[str, list] = {}
-    meta = {"domains": [], "clients": [], "steps": [], "slots": []}
-    for t in range(n_steps):
-        batch = stream.batch(t)
-        phase = engine.local_phase(batch, strategy)
-        kinds = {k: phase.context[k] for k in ("indicator", "feature_mean", "logits_mean")}
-        if phase.state and engine.local.shares == "bn_stats":
-            kinds["bn_stats"] = torch.cat([v.reshape(cfg.clients, -1) for v in phase.state.values()], 1)
-        probes = strategy.probe_uploads(engine.bank, engine.local, phase.x, t)
-        kinds.update({"probe_logits": v for v in probes.values()})
-        for k, v in kinds.items():
-            rows.setdefault(k, []).append(v.detach().double().cpu().reshape(cfg.clients, -1).numpy())
-        meta["domains"].append(np.asarray(batch.domains))
-        meta["clients"].append(np.arange(cfg.clients))
-        meta["steps"].append(np.full(cfg.clients, t))
-        meta["slots"].append(np.full(cfg.clients, stream.scenario.slot_of(t)))
-        engine.server_phase(phase, strategy)
+    meta: Dict[str, list] = {"domains": [], "clients": [], "steps": [], "slots": []}
+    with build_run(cfg, data_root=data_root, device="cpu", server_threads=0) as run:  # no rounds ahead
+        engine, stream, strategy = run.engine, run.stream, run.engine.strategy
+        for t in run.steps(stop=min(run.n_steps, max_steps or run.n_steps)):
+            batch = stream.batch(t)
+            phase = engine.local_phase(batch, strategy)
+            kinds = {k: phase.context[k] for k in ("indicator", "feature_mean", "logits_mean")}
+            if phase.state and engine.local.shares == "bn_stats":
+                kinds["bn_stats"] = torch.cat([v.reshape(cfg.clients, -1) for v in phase.state.values()], 1)
+            probes = probe_uploads(strategy, engine.bank, engine.local, phase.x, t)
+            kinds.update({"probe_logits": v for v in probes.values()})
+            present = engine.present(t).numpy()
+            for k, v in kinds.items():
+                rows.setdefault(k, []).append(v.detach().double().cpu().reshape(cfg.clients, -1).numpy()[present])
+            meta["domains"].append(np.asarray(batch.domains)[present])
+            meta["clients"].append(np.arange(cfg.clients)[present])
+            meta["steps"].append(np.full(cfg.clients, t)[present])
+            meta["slots"].append(np.full(cfg.clients, stream.scenario.slot_of(t))[present])
+            engine.server_phase(phase, strategy)
     return CollectedUploads({k: np.concatenate(v) for k, v in rows.items()},
                             *(np.concatenate(meta[k]) for k in ("domains", "clients", "steps", "slots")),
                             stream.scenario.domain_names)

@@ -12,7 +12,7 @@ from ftta_core.engine.loop import Engine
 from ftta_core.rng import torch_generator
 from ftta_core.stream import StreamBatch
 from ftta_core.strategies import STRATEGIES, build_strategy, check_collaboration
-from ftta_core.strategies.base import ServerInputs
+from ftta_core.strategies.base import ServerInputs, probe_uploads
 from ftta_core.strategies.fedctta import PROBE_UPLOAD, FedCTTA, similarity_matrix, similarity_weights
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
@@ -64,7 +64,7 @@ def test_registered_with_paper_defaults_and_checked_options():
 def test_base_strategy_hook_uploads_nothing(model):
     bank = make_bank("vectorized", model, 2)
     x = torch.rand(2, 3, 3, 16, 16)
-    assert build_strategy("fedavg").probe_uploads(bank, build_local("bn"), x, 0) == {}
+    assert probe_uploads(build_strategy("fedavg"), bank, build_local("bn"), x, 0) == {}
 
 
 # ---------------------------------------------------------------- probes

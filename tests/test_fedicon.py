@@ -71,7 +71,7 @@ def test_aggregation_weights_eq4():
     states = [{"a": torch.full((2,), float(v)), "n": torch.tensor(v)} for v in (1, 2, 3)]
     avg = average_states(states, w, ["a", "n"])
     assert torch.allclose(avg["a"], torch.full((2,), 0.1 * 1 + 0.3 * 2 + 0.6 * 3))
-    assert int(avg["n"]) == 1  # integer buffers are not averaged
+    assert int(avg["n"]) == 3  # integer buffers are counters, not averaged: the largest count (engine.average)
     with pytest.raises(ValueError, match="sizes"):
         aggregation_weights([3, 0])
 

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from .layers import BN_MODES, ClientBatchNorm2d, ClientConv2d, ClientLinear, Normaliser, StatBatchNorm2d
+from .layers import (BN_MODES, PER_CLIENT_CONV, ClientBatchNorm2d, ClientConv2d, ClientLinear, Normaliser,
+                     StatBatchNorm2d)
 from ..validation import check_choice
 
 
@@ -165,6 +166,16 @@ class VectorizedBank(ClientBank):
             m.layer = n
         self.optimizer_spec = optimizer
         self.optimizer = optimizer.build([names[n] for n in self.trainable]) if optimizer and self.trainable else None
+
+    def set_per_client_conv(self, kernel: Optional[str]) -> None:
+        """How per-client convolution weights run: 'grouped' (one grouped convolution), 'split' (one convolution
+        per client) or None (the device's faster one, ``layers.default_per_client_conv``); results agree to float
+        rounding (tests/test_speed_levers.py)."""
+        if kernel is not None:
+            check_choice("per-client convolution", kernel, PER_CLIENT_CONV)
+        for m in self.module.modules():
+            if isinstance(m, ClientConv2d):
+                m.kernel = kernel
 
     def _set_mode(self, bn_mode: str) -> None:
         _check_mode(bn_mode)

@@ -53,8 +53,21 @@ def _stack(t: Optional[torch.Tensor], n: int, per_client: bool) -> Optional[nn.P
     return nn.Parameter(data)
 
 
+# how per-client convolution weights are applied: "grouped" (one grouped convolution over all clients, the default)
+# or "split" (one convolution per client on its slice, concatenated). Profiled with one thread on a CPU, oneDNN's
+# grouped backward was ~3x slower than the loop bank's small ones, but with two threads on a loaded CPU 'split' ran
+# 0.27x of 'grouped' (benchmarks/README.md, "CPU speed levers"): no default change until a quiet measurement.
+PER_CLIENT_CONV = ("grouped", "split")
+
+
+def default_per_client_conv(device: torch.device | str) -> str:
+    """The per-client convolution used when none is set: 'grouped' on every device (see ``PER_CLIENT_CONV``)."""
+    return "grouped"
+
+
 class ClientConv2d(nn.Module):
-    """Conv2d for N clients: shared weight -> one conv over N*B images; per-client weight -> grouped conv."""
+    """Conv2d for N clients: shared weight -> one conv over N*B images; per-client weight -> a grouped conv or one
+    conv per client (``kernel``: 'grouped' or 'split', None: ``default_per_client_conv`` of the input's device)."""
 
     def __init__(self, conv: nn.Conv2d, n_clients: int, per_client: bool) -> None:
         super().__init__()
@@ -63,10 +76,14 @@ class ClientConv2d(nn.Module):
         self.out_channels = conv.out_channels
         self.weight = _stack(conv.weight, n_clients, per_client)
         self.bias = _stack(conv.bias, n_clients, per_client)
+        self.kernel: Optional[str] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.per_client:
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        kernel = self.kernel or default_per_client_conv(x.device)
+        if kernel == "split":
+            return self._split(x)
         n = self.n_clients
         nb, c, h, w = x.shape
         b = nb // n
@@ -76,6 +93,13 @@ class ClientConv2d(nn.Module):
         out = F.conv2d(xg, weight, bias, self.stride, self.padding, self.dilation, self.groups * n)
         return out.view(b, n, self.out_channels, *out.shape[2:]).transpose(0, 1).reshape(nb, self.out_channels,
                                                                                           *out.shape[2:])
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """One convolution per client on its ``B`` images (what the loop bank computes), concatenated."""
+        xs = x.view(self.n_clients, x.shape[0] // self.n_clients, *x.shape[1:])
+        bias = [None] * self.n_clients if self.bias is None else self.bias
+        return torch.cat([F.conv2d(xs[i], self.weight[i], bias[i], self.stride, self.padding, self.dilation,
+                                   self.groups) for i in range(self.n_clients)])
 
 
 class ClientLinear(nn.Module):

@@ -19,10 +19,12 @@ from torch.profiler import record_function
 
 from ..rng import torch_generator
 from ..stream import Stream, StreamBatch
-from ..strategies.base import ServerInputs, Strategy, check_collaboration
+from ..strategies.base import (ServerInputs, Strategy, check_collaboration, client_regularizer, lookahead_of,
+                               probe_uploads)
 from ..tta.base import LocalMethod
 from .bank import ClientBank, make_bank
 from .mixing import restrict_to_valid
+from .source_cache import SourceCache, batch_digest, model_digest
 from .uploads import UploadGate, UploadPolicy, describe_rejections, reference_values
 
 log = logging.getLogger(__name__)
@@ -94,6 +96,8 @@ class Engine:
     seed: int = 0
     server_threads: Optional[int] = None  # threads for rounds computed ahead (``prefetch``); 0: none; None: auto
     upload_policy: Optional[UploadPolicy] = None  # thresholds of the server's upload checks (None: the defaults)
+    # the frozen source model's outputs per batch, reused instead of recomputed (``engine.source_cache``; None: none)
+    source_cache: Optional[SourceCache] = None
     bank: ClientBank = field(init=False)
 
     def __post_init__(self) -> None:
@@ -101,21 +105,35 @@ class Engine:
             raise ValueError(f"participation must be in (0, 1], got {self.participation}")
         if self.server_threads is not None and self.server_threads < 0:
             raise ValueError(f"server_threads must be >= 0 or None, got {self.server_threads}")
-        self._source_ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> x, logits, feats
+        self._source_ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> x, logits, ind.
         self._horizon: Optional[int] = None  # first step not yet handed to the look-ahead strategies
         self._server_pool: Optional[ThreadPoolExecutor] = None
         self._client_threads: Optional[int] = None  # torch's thread count before ``prefetch`` split the cores
         self.rounds_ahead_threads = 0  # server threads ``prefetch`` used in this engine's run (0: none)
         self.source_model = self.source_model.to(self.device).eval()
+        if self.source_cache is not None and self.source_cache.model != model_digest(self.source_model):
+            raise ValueError("source_cache holds another model's outputs than this engine's source model")
         trainable = self.local.trainable(self.source_model)
         self.bank = make_bank(self.backend, self.source_model, self.n_clients, trainable, self.local.optimizer())
         self.strategy.reset(self.n_clients)
 
     @torch.no_grad()
-    def _source_forward(self, x: torch.Tensor):
+    def _source_forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The source model's logits [N,B,K] and indicator (mean penultimate features) [N,D] on ``x``; from
+        ``source_cache`` when it holds this batch (else computed and added to it)."""
+        cache = self.source_cache
+        key = None
+        if cache is not None:
+            key = batch_digest(x)
+            hit = cache.get(x, key)
+            if hit is not None:
+                return hit
         n, b = x.shape[:2]
         feats = self.source_model.forward_features(x.reshape(n * b, *x.shape[2:]))
-        return self.source_model.fc(feats).view(n, b, -1), feats.view(n, b, -1)
+        logits, indicator = self.source_model.fc(feats).view(n, b, -1), feats.view(n, b, -1).mean(1)
+        if cache is not None:
+            cache.put(x, logits, indicator, key)
+        return logits, indicator
 
     def step(self, batch: StreamBatch) -> StepResult:
         """Process one time step for all clients."""
@@ -127,13 +145,13 @@ class Engine:
         with record_function("ftta.source"):
             ahead = self._source_ahead.pop(batch.step, None)
             if ahead is not None and torch.equal(ahead[0], x):  # computed by ``prefetch`` on this very batch
-                src_logits, src_feats = ahead[1], ahead[2]
+                src_logits, src_indicator = ahead[1], ahead[2]
             else:
-                src_logits, src_feats = self._source_forward(x)
+                src_logits, src_indicator = self._source_forward(x)
         with record_function("ftta.adapt"):
-            out_local = self.local.adapt(self.bank, x, strategy.regularizer(self.bank, x))
+            out_local = self.local.adapt(self.bank, x, client_regularizer(strategy, self.bank, x))
             state = self.local.shared_state(self.bank)
-        context = {"indicator": src_feats.mean(1), "feature_mean": out_local.features.mean(1),
+        context = {"indicator": src_indicator, "feature_mean": out_local.features.mean(1),
                    "logits_mean": out_local.logits.mean(1)}
         return LocalPhase(batch, x, y, src_logits, out_local.logits, state, context)
 
@@ -152,28 +170,15 @@ class Engine:
         batch, x, state = phase.batch, phase.x, phase.state
         context = dict(phase.context)
         with record_function("ftta.uploads"):
-            context.update(strategy.probe_uploads(self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
+            context.update(probe_uploads(strategy, self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
             uploads = strategy.client_uploads(context)
             present = self.present(batch.step)
-            # structure, NaN/Inf, BN variances and magnitude (``engine.uploads``); stacks per-client uploads
-            state, uploads, valid, reasons = self.upload_gate().check(state, uploads, present, self.n_clients)
-        if reasons:
-            log.warning("step %d: rejected uploads of %s", batch.step, describe_rejections(reasons))
         sizes = torch.full((self.n_clients,), float(x.shape[1]))
-        inputs = ServerInputs(batch.step, state, uploads, valid, sizes)
-        with record_function("ftta.server"):
-            weights = strategy.collaboration(inputs).detach().float().cpu()
-            weights = check_collaboration(restrict_to_valid(weights, valid), self.n_clients)
-        mixed: Dict[str, torch.Tensor] = {}
-        if state:
-            with record_function("ftta.mix"):
-                mixed = strategy.mix(state, weights.to(self.device))
-                # a rejected client keeps its own state exactly
-                if not bool(valid.all()):
-                    mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
-                             for k, v in mixed.items()}
-                self.local.load_state(self.bank, mixed)
-                strategy.after_mix(mixed, inputs)
+        rnd = server_round(strategy, self.upload_gate(), batch.step, state, uploads, present, sizes, self.n_clients,
+                           self.device, install=lambda mixed: self.local.load_state(self.bank, mixed))
+        if rnd.reasons:
+            log.warning("step %d: rejected uploads of %s", batch.step, describe_rejections(rnd.reasons))
+        state, uploads, valid, weights, mixed = rnd.state, rnd.uploads, rnd.valid, rnd.weights, rnd.mixed
         if strategy.finetune_after_mix and self.local.shares == "params":
             # adapt again on the same batch after aggregation, then predict with the fine-tuned model
             # (with TTA-bn there is nothing to fine-tune: FedAvg+FT equals FedAvg, as in FedTSA Table 1)
@@ -220,7 +225,7 @@ class Engine:
         memory when the step comes. The source forwards are kept for ``local_phase``. Steps are handed over
         ``STEPS_AHEAD_PER_THREAD`` per server thread ahead, or in chunks of ``Strategy.plan_chunk`` (two chunks
         ahead) for a strategy that batches its rounds (FedTSA on a GPU)."""
-        planners = [s for s in (strategies or {"": self.strategy}).values() if s.lookahead]
+        planners = [s for s in (strategies or {"": self.strategy}).values() if lookahead_of(s)]
         if self._server_pool is not None:  # decided at the first call (the default then changes torch's threads)
             threads = self.rounds_ahead_threads
         else:
@@ -238,13 +243,13 @@ class Engine:
         with record_function("ftta.prefetch"):
             for t in steps:
                 x = stream.batch(t).images.to(self.device)
-                logits, feats = self._source_forward(x)
-                self._source_ahead[t] = (x, logits, feats)
-                indicators.append(feats.mean(1))
+                logits, indicator = self._source_forward(x)
+                self._source_ahead[t] = (x, logits, indicator)
+                indicators.append(indicator)
                 present.append(self.present(t))
         uploads = {"indicator": torch.stack(indicators)}  # the source model's uploads (``strategies.base``)
         for strategy in planners:
-            unknown = sorted(set(strategy.lookahead) - set(uploads))
+            unknown = sorted(set(lookahead_of(strategy)) - set(uploads))
             if unknown:
                 raise ValueError(f"strategy {strategy.name} looks ahead on {unknown}; only the source model's "
                                  f"{sorted(uploads)} are known before a step")
@@ -257,12 +262,15 @@ class Engine:
                 self._client_threads = torch.get_num_threads()
                 torch.set_num_threads(max(1, self._client_threads // 2))
         for strategy in planners:
-            strategy.plan_rounds(steps, {k: uploads[k] for k in strategy.lookahead}, torch.stack(present),
+            strategy.plan_rounds(steps, {k: uploads[k] for k in lookahead_of(strategy)}, torch.stack(present),
                                  self._server_pool.submit)
         self._horizon = end
 
     def close(self) -> None:
-        """Stop the server threads of ``prefetch`` (pending rounds are cancelled) and drop what was prefetched."""
+        """Stop the server threads of ``prefetch`` (pending rounds are cancelled), drop what was prefetched and save
+        the ``source_cache`` (if it has new entries and a file)."""
+        if self.source_cache is not None:
+            self.source_cache.save()
         if self._server_pool is not None:
             self._server_pool.shutdown(wait=True, cancel_futures=True)
             self._server_pool = None
@@ -276,10 +284,7 @@ class Engine:
         """Boolean [N]: the clients whose uploads reach the server at ``step`` (each with probability
         ``participation``, drawn from the run's seed and the step). An absent client (dropped out, or a straggler
         past the round's deadline) still adapts locally; it is left out of W and keeps its own model."""
-        if self.participation >= 1.0:
-            return torch.ones(self.n_clients, dtype=torch.bool)
-        u = torch.rand(self.n_clients, generator=torch_generator(self.seed, "participation", step))
-        return u < self.participation
+        return participants(self.n_clients, self.participation, self.seed, step)
 
     def shares_local_phase(self) -> bool:
         """True when one local phase can serve several strategies: nothing trained, no state carried over."""
@@ -294,7 +299,7 @@ class Engine:
         """
         if not self.shares_local_phase():
             raise SharedPassError(f"local method {self.local.name!r} trains or carries state: strategies cannot share it")
-        if any(s.regularizer(self.bank, batch.images) is not None for s in strategies.values()):
+        if any(client_regularizer(s, self.bank, batch.images) is not None for s in strategies.values()):
             raise SharedPassError("a strategy with a client regulariser cannot share the local phase")
         phase = self.local_phase(batch, self.strategy)
         seen: List[tuple] = []
@@ -329,15 +334,69 @@ def _same_state_logits(seen: Optional[List[tuple]], mixed: Dict[str, torch.Tenso
     return None
 
 
+def participants(n_clients: int, participation: float, seed: int, step: int) -> torch.Tensor:
+    """Boolean [N]: the clients whose uploads reach the server at ``step``, each with probability ``participation``
+    (drawn from the run's seed and the step; the engine and the Flower server draw the same)."""
+    if participation >= 1.0:
+        return torch.ones(n_clients, dtype=torch.bool)
+    u = torch.rand(n_clients, generator=torch_generator(seed, "participation", step))
+    return u < participation
+
+
 def run_steps(engine: Engine, stream: Stream, start: int = 0, stop: Optional[int] = None,
               on_step: Optional[Callable[[StepResult], None]] = None) -> List[StepResult]:
-    """Run ``engine`` over steps [start, stop) of ``stream``."""
+    """Run ``engine`` over steps [start, stop) of ``stream``; the engine is closed after the last step or an error
+    (its server threads stopped, torch's thread count restored)."""
     results = []
     stop = len(stream) if stop is None else stop
-    for t in range(start, stop):
-        engine.prefetch(stream, t, stop)
-        res = engine.step(stream.batch(t))
-        results.append(res)
-        if on_step is not None:
-            on_step(res)
+    try:
+        for t in range(start, stop):
+            engine.prefetch(stream, t, stop)
+            res = engine.step(stream.batch(t))
+            results.append(res)
+            if on_step is not None:
+                on_step(res)
+    finally:
+        engine.close()
     return results
+
+
+@dataclass
+class ServerRound:
+    """One server step: the checked state and uploads [N, ...], the accepted clients [N] and a reason per rejected
+    one, W [N, N] (CPU, float32) and the mixed state [N, ...] (rejected clients keep their own)."""
+
+    state: Dict[str, torch.Tensor]
+    uploads: Dict[str, torch.Tensor]
+    valid: torch.Tensor
+    reasons: Dict[int, str]
+    weights: torch.Tensor
+    mixed: Dict[str, torch.Tensor]
+    inputs: ServerInputs
+
+
+def server_round(strategy: Strategy, gate: UploadGate, step: int, state, uploads, present: torch.Tensor,
+                 sizes: torch.Tensor, n_clients: int, device: torch.device | str = "cpu",
+                 install: Optional[Callable[[Dict[str, torch.Tensor]], None]] = None) -> ServerRound:
+    """The server's half of a step, the same for the engine and the Flower server: check the uploads (``gate``;
+    state and uploads stacked [N, ...] or per client), compute W over the accepted clients (``restrict_to_valid``,
+    ``check_collaboration``), mix the state with it (``strategy.mix``; a rejected or absent client keeps its own
+    state exactly), hand the mixed state to ``install`` (the engine loads it into its bank) and let the strategy
+    observe it (``after_mix``)."""
+    with record_function("ftta.uploads"):
+        state, uploads, valid, reasons = gate.check(state, uploads, present, n_clients)
+    inputs = ServerInputs(step, state, uploads, valid, sizes)
+    with record_function("ftta.server"):
+        weights = strategy.collaboration(inputs).detach().float().cpu()
+        weights = check_collaboration(restrict_to_valid(weights, valid), n_clients)
+    mixed: Dict[str, torch.Tensor] = {}
+    if state:
+        with record_function("ftta.mix"):
+            mixed = strategy.mix(state, weights.to(device))
+            if not bool(valid.all()):  # a rejected client keeps its own state exactly
+                mixed = {k: torch.where(valid.to(v.device).view(-1, *[1] * (v.dim() - 1)), v, state[k])
+                         for k, v in mixed.items()}
+            if install is not None:
+                install(mixed)
+            strategy.after_mix(mixed, inputs)
+    return ServerRound(state, uploads, valid, reasons, weights, mixed, inputs)

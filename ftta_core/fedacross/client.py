@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..engine.average import average_models
 from ..rng import torch_generator
 from .model import FedAcrossNet, adapter_state, load_adapter
 from .prototypes import Prototypes, class_prototypes, nearest_prototype
@@ -129,18 +130,11 @@ def accuracy(pred: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def merge_adapters(states: Sequence[AdapterState], weights: Optional[Sequence[float]] = None) -> AdapterState:
-    """FedAvg of A over clients (weights: support sizes; uniform if None); integer buffers take the maximum."""
+    """FedAvg of A over clients (weights: support sizes; uniform if None) by the engine's mixing kernel
+    (``engine.average.average_models``: integer buffers are counters and take the largest count)."""
     if not states:
         raise ValueError("merge_adapters needs at least one client state")
     w = np.ones(len(states)) if weights is None else np.asarray(weights, dtype=np.float64)
     if w.shape != (len(states),) or (w < 0).any() or w.sum() <= 0:
         raise ValueError(f"weights must be {len(states)} non-negative numbers with a positive sum, got {weights}")
-    w = w / w.sum()
-    out = {}
-    for k in states[0]:
-        vals = [s[k] for s in states]
-        if vals[0].is_floating_point():
-            out[k] = sum(float(wi) * v.double() for wi, v in zip(w, vals)).to(vals[0].dtype)
-        else:
-            out[k] = torch.stack(vals).max(0).values
-    return out
+    return average_models(states, torch.as_tensor(w / w.sum(), dtype=torch.float64))

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..engine.average import average_models
 from ..rng import torch_generator
 from ..tta.augment import AugmentSpec, augment
 from ..validation import check_choice
@@ -84,16 +85,9 @@ def aggregation_weights(sizes: Sequence[int]) -> torch.Tensor:
 
 def average_states(states: Sequence[Dict[str, torch.Tensor]], weights: torch.Tensor,
                    keys: Sequence[str]) -> Dict[str, torch.Tensor]:
-    """``sum_i w_i state_i[k]`` for every key (integer buffers such as ``num_batches_tracked`` keep client 0's)."""
-    out = {}
-    for k in keys:
-        first = states[0][k]
-        if not first.is_floating_point():
-            out[k] = first.clone()
-            continue
-        stacked = torch.stack([s[k].double() for s in states])
-        out[k] = (weights.view(-1, *[1] * first.dim()) * stacked).sum(0).to(first.dtype)
-    return out
+    """``sum_i w_i state_i[k]`` for every key, by the engine's mixing kernel (``engine.average.average_models``:
+    integer buffers such as ``num_batches_tracked`` are counters and take the largest count)."""
+    return average_models(states, weights, keys)
 
 
 def shared_keys(model: nn.Module, share: str) -> List[str]:

@@ -45,15 +45,14 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from ..build import build_local_for, build_strategy_for
 from ..engine.bank import make_bank
-from ..engine.mixing import restrict_to_valid
+from ..engine.loop import ServerRound, participants, server_round
 from ..engine.uploads import UploadGate, UploadPolicy, by_name, describe_rejections, reference_values
-from ..experiment import ExperimentConfig, local_params, strategy_params
+from ..experiment import ExperimentConfig
 from ..rng import derive_seed
 from ..stream import Stream
-from ..strategies import build_strategy
-from ..strategies.base import ServerInputs, check_collaboration
-from ..tta import build_local
+from ..strategies.base import ServerInputs, client_regularizer, probe_uploads
 from .grid import run_inprocess
 from .records import from_record, record_bytes, to_record
 
@@ -76,8 +75,8 @@ class EngineClient:
         torch.manual_seed(derive_seed(cfg.seed, "engine"))
         self.client, self.stream = client, stream
         self.source = load_source_model(cfg.model_name, device="cpu")
-        self.local = build_local(cfg.local, **local_params(cfg))
-        self.strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
+        self.local = build_local_for(cfg)
+        self.strategy = build_strategy_for(cfg)  # its client hooks run on this one client (``ClientHooks``)
         self.strategy.reset(1)
         self.bank = make_bank("loop", self.source, 1, self.local.trainable(self.source), self.local.optimizer())
         self.x: Optional[torch.Tensor] = None
@@ -91,11 +90,11 @@ class EngineClient:
         self.x, self.y, self.step = x, batch.labels[self.client], step
         with torch.no_grad():
             src_feats = self.source.forward_features(x[0])
-        out = self.local.adapt(self.bank, x, self.strategy.regularizer(self.bank, x))
+        out = self.local.adapt(self.bank, x, client_regularizer(self.strategy, self.bank, x))
         self.state = self.local.shared_state(self.bank)
         context = {"indicator": src_feats.mean(0, keepdim=True), "feature_mean": out.features.mean(1),
                    "logits_mean": out.logits.mean(1)}
-        context.update(self.strategy.probe_uploads(self.bank, self.local, x, step))
+        context.update(probe_uploads(self.strategy, self.bank, self.local, x, step))
         uploads = self.strategy.client_uploads(context)
         return {"state": _strip(self.state), "uploads": _strip(uploads)}
 
@@ -147,34 +146,14 @@ def client_reply(client: EngineClient, msg: Message) -> Message:
 # ---------------------------------------------------------------------------------------------------------------
 # the server
 
-@dataclass
-class ServerRound:
-    """One server step: W [N, N], the mixed state [N, ...], accepted clients [N] and a reason per rejected one."""
-
-    weights: torch.Tensor
-    mixed: Dict[str, torch.Tensor]
-    valid: torch.Tensor
-    reasons: Dict[int, str]
-
-
 def server_step(strategy, gate: UploadGate, step: int, states: List[Optional[Mapping[str, torch.Tensor]]],
                 uploads: List[Optional[Mapping[str, torch.Tensor]]], present: torch.Tensor,
                 sizes: torch.Tensor) -> ServerRound:
-    """The server half of ``Engine.server_phase`` on per-client uploads (None: the client is absent): check them
-    (``gate``), compute W over the accepted clients, mix; a rejected or absent client keeps its own state.
-    One client's upload never raises here: what fails a check is rejected."""
-    n = len(states)
-    state, ups, valid, reasons = gate.check(by_name(states), by_name(uploads), present, n)
-    inputs = ServerInputs(step, state, ups, valid, sizes)
-    weights = strategy.collaboration(inputs).detach().float().cpu()
-    weights = check_collaboration(restrict_to_valid(weights, valid), n)
-    mixed: Dict[str, torch.Tensor] = {}
-    if state:
-        mixed = strategy.mix(state, weights)
-        if not bool(valid.all()):  # a rejected client keeps its own state exactly
-            mixed = {k: torch.where(valid.view(-1, *[1] * (v.dim() - 1)), v, state[k]) for k, v in mixed.items()}
-        strategy.after_mix(mixed, inputs)
-    return ServerRound(weights, mixed, valid, reasons)
+    """The server half of ``Engine.server_phase`` (``engine.loop.server_round``, the same function) on per-client
+    uploads (None: the client is absent): check them (``gate``), compute W over the accepted clients, mix; a
+    rejected or absent client keeps its own state. One client's upload never raises here: what fails a check is
+    rejected."""
+    return server_round(strategy, gate, step, by_name(states), by_name(uploads), present, sizes, len(states))
 
 
 def expected_names(sent: List[Optional[Mapping[str, torch.Tensor]]], known: Set[str]) -> Set[str]:
@@ -225,7 +204,7 @@ class FlowerServer:
         self.min_clients = self.n if not min_clients else int(min_clients)
         if not 1 <= self.min_clients <= self.n:
             raise ValueError(f"min-clients must be in 1..{self.n} (clients), got {min_clients}")
-        self.strategy = build_strategy(cfg.strategy, **strategy_params(cfg))
+        self.strategy = build_strategy_for(cfg)  # as ``build_run`` builds it for the engine
         self.strategy.reset(self.n)
         self.gate = UploadGate(policy, reference_values(load_source_model(cfg.model_name, device="cpu").eval()))
         self.slot_of: Dict[int, int] = {}  # node id -> client
@@ -403,7 +382,15 @@ class FlowerServer:
         present = torch.zeros(n, dtype=torch.bool)
         sizes = torch.full((n,), float(self.cfg.batch_size))
         malformed: Dict[int, str] = {}
+        # partial participation, drawn as the engine draws it: an answering client not drawn at this step adapted
+        # and predicts, but its upload is left out (absent: no weight in W, it keeps its own model)
+        drawn = participants(n, self.cfg.participation, self.cfg.seed, r)
+        for slot in answered:
+            if not bool(drawn[slot]):
+                absent_why[slot] = f"not drawn at this step (participation {self.cfg.participation:g})"
         for slot, msg in answered.items():
+            if not bool(drawn[slot]):
+                continue
             present[slot] = True
             try:
                 size = msg.content["meta"]["n"]
@@ -429,7 +416,7 @@ class FlowerServer:
         valid, reasons = result.valid, {**result.reasons, **malformed}
         if reasons:
             log.warning("ftta: step %d: rejected uploads of %s", r, describe_rejections(reasons))
-        pending = _Pending(r, result.weights, [i not in answered for i in range(n)],
+        pending = _Pending(r, result.weights, [i not in answered or not bool(drawn[i]) for i in range(n)],
                            [bool(present[i] and not valid[i]) for i in range(n)],
                            {**absent_why, **reasons})
         for slot in answered:
@@ -545,7 +532,7 @@ def engine_server_app(cfg: ExperimentConfig, n_steps: int, record: FlowerRun, *,
 def run_engine_on_flower(cfg: ExperimentConfig, n_steps: Optional[int] = None, stream: Optional[Stream] = None
                          ) -> FlowerRun:
     """Run ``cfg`` (any local method and strategy) as a Flower ServerApp + one ClientApp per client, in process."""
-    from ..experiment import build_stream
+    from ..build import build_stream
 
     stream = stream or build_stream(dataclasses.replace(cfg, device="cpu"), "cpu")
     steps = min(len(stream), n_steps or cfg.max_steps or len(stream))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence
 import torch
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
-from ..engine.mixing import mix_state
+from ..engine.average import mix_models
 
 if TYPE_CHECKING:  # only for annotations: the engine passes its local method to ``probe_uploads``
     from ..tta.base import LocalMethod
@@ -62,14 +62,29 @@ class InputRegularizer:
 
 
 class Strategy(ABC):
-    """A server strategy. Subclasses implement ``collaboration``; server momentum and client regularisers hook in."""
+    """A server strategy: ``collaboration`` turns what the clients uploaded into W (the only method to implement).
+
+    Optional, separate contracts, declared by also subclassing them (the engine checks with ``isinstance``):
+    ``ClientHooks`` (code that runs on the clients' models: a regulariser of the local step, uploads computed with
+    the adapted models) and ``Scheduled`` (rounds computed ahead of their step on server threads, FedTSA). A class
+    that defines one of their methods without declaring the contract is refused when it is defined (the engine would
+    not call the method)."""
 
     name: str = "base"
-    needs: tuple = ()
+    needs: tuple = ()  # upload kinds it reads (``UPLOAD_KINDS``), picked by ``client_uploads``
     finetune_after_mix: bool = False
-    # upload kinds (of the frozen source model only) from which the strategy can compute rounds before their step
-    # comes; the engine then hands it those uploads ahead of time (``plan_rounds``)
-    lookahead: tuple = ()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        for contract in (ClientHooks, Scheduled):
+            if issubclass(cls, contract):
+                continue
+            defined = sorted(m for m in contract.METHODS if any(m in vars(k) for k in cls.__mro__
+                                                                 if k not in (contract, object)))
+            if defined:
+                raise TypeError(f"strategy {cls.__qualname__} defines {defined} of the {contract.__name__} contract "
+                                f"without declaring it: subclass ftta_core.strategies.base.{contract.__name__} too "
+                                f"(class {cls.__name__}({contract.__name__}, ...)), or the engine never calls them")
 
     def reset(self, n_clients: int) -> None:
         """Forget server memory before a new stream with ``n_clients`` clients."""
@@ -80,15 +95,36 @@ class Strategy(ABC):
         """Row-stochastic, non-negative W [N, N] for this step."""
 
     def mix(self, state: Dict[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """Apply W to the shared state (override for server momentum)."""
-        return mix_state(state, weights)
+        """Apply W to the shared state (override for server momentum); integer tensors are counters (``engine.average``)."""
+        return mix_models(state, weights)
+
+    def after_mix(self, mixed: Dict[str, torch.Tensor], inputs: ServerInputs) -> None:
+        """Observe the mixed state (strategies that keep the last global/personal models)."""
+
+    def client_uploads(self, context: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Pick this strategy's upload kinds from what the engine computed on the clients."""
+        missing = [k for k in self.needs if k not in context]
+        if missing:
+            raise KeyError(f"strategy {self.name} needs uploads {missing} the engine did not compute")
+        return {k: context[k] for k in self.needs}
+
+    def state_dict(self) -> dict:
+        """Server memory (for resuming a run)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore server memory."""
+
+
+class ClientHooks:
+    """Opt-in contract of a strategy with code that runs on the clients' models (mixed into a ``Strategy``:
+    ``class FedProx(ClientHooks, FedAvg)``). Both hooks have inert defaults; override what you need."""
+
+    METHODS = ("regularizer", "probe_uploads")
 
     def regularizer(self, bank: ClientBank, x: torch.Tensor) -> Optional[LossFn]:
         """An extra client loss term for the next local step (FedProx, MOON, pFedSD); none by default."""
         return None
-
-    def after_mix(self, mixed: Dict[str, torch.Tensor], inputs: ServerInputs) -> None:
-        """Observe the mixed state (strategies that keep the last global/personal models)."""
 
     def probe_uploads(self, bank: ClientBank, local: "LocalMethod", x: torch.Tensor,
                       step: int) -> Dict[str, torch.Tensor]:
@@ -101,32 +137,43 @@ class Strategy(ABC):
         """
         return {}
 
-    def client_uploads(self, context: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Pick this strategy's upload kinds from what the engine computed on the clients."""
-        missing = [k for k in self.needs if k not in context]
-        if missing:
-            raise KeyError(f"strategy {self.name} needs uploads {missing} the engine did not compute")
-        return {k: context[k] for k in self.needs}
+
+class Scheduled(ABC):
+    """Opt-in contract of a strategy that computes rounds before their step comes, on server threads (FedTSA):
+    ``lookahead`` names the upload kinds (of the frozen source model only) it plans from; the engine then hands it
+    those uploads ahead of time (``plan_rounds``)."""
+
+    METHODS = ("plan_chunk", "plan_rounds")
+    lookahead: tuple = ()
 
     def plan_chunk(self, device: torch.device | str) -> int:
         """How many future steps the strategy wants handed over at once by ``plan_rounds`` on ``device`` (e.g. the
         rounds it trains as one batch); 1 by default."""
         return 1
 
+    @abstractmethod
     def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,
                     submit: Callable[..., Future]) -> None:
         """Start computing the rounds of future ``steps`` (in order, each step handed over once) from the source-model
         ``uploads`` [S, N, ...] of the kinds in ``lookahead`` and the clients ``present`` [S, N] at each step;
         ``submit(fn, *args)`` runs ``fn`` on a server thread. A strategy that does this must still return, at each
         step, exactly the W it would compute without look-ahead (e.g. by checking its memory against the plan)."""
-        raise NotImplementedError(f"strategy {self.name} does not compute rounds ahead (lookahead is empty)")
 
-    def state_dict(self) -> dict:
-        """Server memory (for resuming a run)."""
-        return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Restore server memory."""
+def client_regularizer(strategy: Strategy, bank: ClientBank, x: torch.Tensor) -> Optional[LossFn]:
+    """``strategy``'s client regulariser for the next local step (None unless it declares ``ClientHooks``)."""
+    return strategy.regularizer(bank, x) if isinstance(strategy, ClientHooks) else None
+
+
+def probe_uploads(strategy: Strategy, bank: ClientBank, local: "LocalMethod", x: torch.Tensor,
+                  step: int) -> Dict[str, torch.Tensor]:
+    """``strategy``'s uploads computed on the client models ({} unless it declares ``ClientHooks``)."""
+    return strategy.probe_uploads(bank, local, x, step) if isinstance(strategy, ClientHooks) else {}
+
+
+def lookahead_of(strategy: Strategy) -> tuple:
+    """The upload kinds ``strategy`` computes rounds ahead from (() unless it declares ``Scheduled``)."""
+    return tuple(strategy.lookahead) if isinstance(strategy, Scheduled) else ()
 
 
 def check_collaboration(weights: torch.Tensor, n_clients: int, atol: float = 1e-5) -> torch.Tensor:

@@ -44,8 +44,8 @@ import torch
 
 from ..engine.bank import ClientBank, ForwardOutput
 from ..rng import torch_generator
-from .base import (DISTANCE_SCALES, ServerInputs, Strategy, cosine_from_gram, distance_from_gram, gram_matrix,
-                   is_bn_stats, masked_row_softmax, scale_distances)
+from .base import (DISTANCE_SCALES, ClientHooks, ServerInputs, Strategy, cosine_from_gram, distance_from_gram,
+                   gram_matrix, is_bn_stats, masked_row_softmax, scale_distances)
 from ..validation import check_choice
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def similarity_weights(stats: torch.Tensor, valid: torch.Tensor, distance: str =
     return torch.where(valid[:, None], w, torch.eye(n, dtype=w.dtype))
 
 
-class FedCTTA(Strategy):
+class FedCTTA(ClientHooks, Strategy):
     """FedCTTA: ``W = row_softmax(-||s_i - s_j|| / T)`` from each client's mean output on probe inputs.
 
     Parameters (defaults = the paper): ``n_probes`` M (64), ``probes`` "shared" | "per_client", ``probe_images``

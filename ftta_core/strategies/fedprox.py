@@ -6,7 +6,7 @@ from typing import Dict, Optional
 import torch
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
-from .base import RemembersStates
+from .base import ClientHooks, RemembersStates
 from .basic import FedAvg
 
 
@@ -19,7 +19,7 @@ def proximal_term(params: Dict[str, torch.Tensor], anchor: Dict[str, torch.Tenso
     return 0.5 * mu * total
 
 
-class FedProx(RemembersStates, FedAvg):
+class FedProx(ClientHooks, RemembersStates, FedAvg):
     """FedAvg + ``mu/2 ||theta_i - theta_received_i||^2`` in the client loss (TTA-grad; inert for TTA-bn)."""
 
     name = "fedprox"

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..validation import check_choice
 from ..rng import torch_generator
-from .base import ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
+from .base import Scheduled, ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
 from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, bernoulli_uniforms,
                        sample_spatial_mask, sample_temporal_mask, similarity_mask)
 
@@ -185,7 +185,7 @@ def round_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 AUTO_ROUNDS_PER_BATCH = {"cpu": 1, "cuda": 64}
 
 
-class FedTSA(Strategy):
+class FedTSA(Scheduled, Strategy):
     """W_t = the spatial attention of a TS-Block over the last T indicator steps, trained with L_tsa (Eq. 18).
 
     Each round: push the indicators (batch mean of the source model's penultimate features) into the memory bank,

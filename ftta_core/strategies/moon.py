@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
-from .base import InputRegularizer, RemembersStates
+from .base import ClientHooks, InputRegularizer, RemembersStates
 from .basic import FedAvg
 
 
@@ -19,7 +19,7 @@ def moon_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: 
     return -logits.log_softmax(-1)[..., 0].mean(-1)
 
 
-class MOON(RemembersStates, FedAvg):
+class MOON(ClientHooks, RemembersStates, FedAvg):
     """FedAvg + ``mu * moon_loss`` with z_glob from the model received at the last mix and z_prev from the
     client's previous local (pre-mix) model, both on the current batch (TTA-grad; inert for TTA-bn)."""
 

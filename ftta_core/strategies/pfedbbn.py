@@ -1,9 +1,9 @@
 """pFedBBN (section 3.2): personalised mixing weighted by the distance between clients' balanced BN statistics.
 
 Equations implemented (rebuilt from the text; the paper's formulas were lost in extraction). Client i uploads, for
-every BN layer l of the set L, its balanced global mean ``mu_i^l`` and variance ``var_i^l`` ([C_l] each; from the
-local method's ``bn_statistics(bank)`` -- BBN's class-balanced ones, RoTTA's teacher RobustBN ones -- or else the
-statistics of the client's last BN forward, ``bank.bn_stats()``):
+every BN layer l of the set L, its balanced global mean ``mu_i^l`` and variance ``var_i^l`` ([C_l] each; from a
+local method that declares them, ``tta.base.BNStatisticsSource.bn_statistics(bank)`` -- BBN's class-balanced ones,
+RoTTA's teacher RobustBN ones -- or else the statistics of the client's last BN forward, ``bank.bn_stats()``):
 
     d_ij   = sum_{l in L} ( ||mu_i^l - mu_j^l||_2 + ||var_i^l - var_j^l||_2 )          (7)
     W_ij   = exp(-d_ij / T) / sum_k exp(-d_ik / T)        (d_ii = 0: the largest weight is the client's own)  (8)
@@ -26,8 +26,8 @@ import torch
 
 from ..engine.bank import ClientBank
 from ..validation import check_choice
-from .base import (DISTANCE_SCALES, ServerInputs, Strategy, distance_from_gram, gram_matrix, masked_row_softmax,
-                   scale_distances)
+from .base import (DISTANCE_SCALES, ClientHooks, ServerInputs, Strategy, distance_from_gram, gram_matrix,
+                   masked_row_softmax, scale_distances)
 
 if TYPE_CHECKING:
     from ..tta.base import LocalMethod
@@ -47,7 +47,7 @@ def bn_statistics_distance(stats: Dict[str, torch.Tensor], valid: torch.Tensor) 
     return total
 
 
-class PFedBBN(Strategy):
+class PFedBBN(ClientHooks, Strategy):
     """W = row softmax of ``-d / temperature`` over the distances of the clients' balanced BN statistics."""
 
     name = "pfedbbn"
@@ -62,8 +62,9 @@ class PFedBBN(Strategy):
     def probe_uploads(self, bank: ClientBank, local: "LocalMethod", x: torch.Tensor,
                       step: int) -> Dict[str, torch.Tensor]:
         """Every client's (mean, var) [N, 2, C] per BN layer, as ``bbn_stats.<layer>`` (none if none recorded)."""
-        source = getattr(local, "bn_statistics", None)
-        stats = source(bank) if callable(source) else bank_statistics(bank)
+        from ..tta.base import BNStatisticsSource
+
+        stats = local.bn_statistics(bank) if isinstance(local, BNStatisticsSource) else bank_statistics(bank)
         return {UPLOAD_PREFIX + k: v.detach() for k, v in stats.items()}
 
     def client_uploads(self, context: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
-from .base import InputRegularizer, RemembersStates
+from .base import ClientHooks, InputRegularizer, RemembersStates
 from .basic import FedAvg
 from ..validation import check_choice
 
@@ -20,7 +20,7 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, temperature:
     return temperature ** 2 * kl.mean(-1)
 
 
-class PFedSD(RemembersStates, FedAvg):
+class PFedSD(ClientHooks, RemembersStates, FedAvg):
     """FedAvg + ``lam * distillation_loss(student, teacher)``, the teacher run on the current batch.
 
     teacher 'local' (default): the client's previous personalised model = its locally adapted, pre-mix model of

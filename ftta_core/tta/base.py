@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -23,6 +23,17 @@ def select_parameters(model: nn.Module, group: str) -> List[str]:
         bn_layers = [n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
         return [f"{layer}.{p}" for layer in bn_layers for p in ("weight", "bias")]
     raise ValueError(f"params must be one of {PARAM_GROUPS}, got {group!r}")
+
+
+@runtime_checkable
+class BNStatisticsSource(Protocol):
+    """A local method that defines the BN statistics its clients stand for (BBN's class-balanced ones, RoTTA's
+    teacher RobustBN ones): pFedBBN compares these instead of the statistics of the clients' last BN forward. A
+    method provides them by defining ``bn_statistics`` (no base class to add; checked with ``isinstance``)."""
+
+    def bn_statistics(self, bank: ClientBank) -> Dict[str, torch.Tensor]:
+        """Every client's (mean, var) [N, 2, C] per BN layer name."""
+        ...
 
 
 class LocalMethod(ABC):
