@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
+
+from .cli_config import CommandParser, add_config_options, config_values, merge_config
 
 # paper.TTA_SETTINGS' names (kept literal so the parser starts without torch; a test checks they agree)
 TTA_CHOICES = ("bn", "grad", "grad-adam", "grad-running", "grad-running-adam")
@@ -39,7 +42,9 @@ def _parse_value(text: str) -> Any:
     return yaml.load(text, Loader=YamlLoader)
 
 
-def _key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
+def key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
+    """``["k=v", ...]`` (a repeatable ``flag``'s values) as ``{k: v}``, each value a YAML scalar or list; a malformed
+    item exits naming ``flag``."""
     out = {}
     for item in items or []:
         if "=" not in item:
@@ -50,6 +55,9 @@ def _key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
         except yaml.YAMLError as err:
             raise SystemExit(f"{flag} {item!r}: the value is not valid YAML ({_yaml_problem(err)})") from None
     return out
+
+
+_key_values = key_values  # its former name
 
 
 def read_config(path: Path) -> Dict[str, Any]:
@@ -91,26 +99,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                                    "Writes OUT/summary.json, OUT/steps.csv and OUT/collaboration.npz; an "
                                    "interrupted run resumes from its last completed slot.")
     p.add_argument("--config", type=Path, help="YAML file with ExperimentConfig fields (flags override it)")
-    p.add_argument("--dataset", help="cifar10 | embedded_digits | digits/<domain>")
-    p.add_argument("--scenario", help="fedtsa_niid | fedtsa_iid | heterogeneity")
-    p.add_argument("--clients", type=int)
-    p.add_argument("--batch-size", type=int, dest="batch_size")
-    p.add_argument("--images-per-client", type=int, dest="images_per_client")
-    p.add_argument("--corruptions", help="comma-separated corruption names, or 'all'")
-    p.add_argument("--severity", type=int)
-    p.add_argument("--sh", type=float, help="spatial heterogeneity (clusters / clients)")
-    p.add_argument("--th", type=float, help="temporal heterogeneity (slot length / stream length)")
-    p.add_argument("--label-alpha", type=float, dest="label_alpha", help="Dirichlet label skew per client")
-    p.add_argument("--local", help="local TTA method (source, bn, tent, pl, ...)")
-    p.add_argument("--local-param", action="append", metavar="K=V", help="local method parameter (repeatable)")
-    p.add_argument("--strategy", help="server strategy (local, fedavg, ...)")
-    p.add_argument("--strategy-param", action="append", metavar="K=V", help="strategy parameter (repeatable)")
-    p.add_argument("--model", help="source model name (default: the dataset's)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--backend", choices=["vectorized", "loop"])
-    p.add_argument("--device", help="auto | cpu | cuda")
-    p.add_argument("--max-steps", type=int, dest="max_steps")
-    p.add_argument("--smoke", action="store_true", default=None, help="a few steps only")
+    p.defer(functools.partial(add_config_options, title="experiment config (the fields of ExperimentConfig; they "
+                                                         "override --config)"))
     p.add_argument("--server-threads", type=int, dest="server_threads",
                    help="threads for server rounds computed ahead (FedTSA): 0 none; default torch's thread count "
                         "on a CPU, 2 on a GPU")
@@ -134,22 +124,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from_file: set = set()
     try:
         data: Dict[str, Any] = read_config(args.config) if args.config else {}
-        from_file = set(data)
-        for key in ("dataset", "scenario", "clients", "batch_size", "images_per_client", "corruptions", "severity",
-                    "sh", "th", "label_alpha", "local", "strategy", "model", "seed", "backend", "device", "max_steps",
-                    "smoke"):
-            value = getattr(args, key)
-            if value is not None:
-                data[key] = value
-                from_file.discard(key)
-        for key, flag, items in (("local_params", "--local-param", args.local_param),
-                                 ("strategy_params", "--strategy-param", args.strategy_param)):
-            given = _key_values(items, flag)
-            if given:
-                if not isinstance(data.get(key, {}), dict):
-                    raise ValueError(f"config field {key!r}: must be a mapping of parameter names to values, got "
-                                     f"{data[key]!r}; {flag} cannot add to it")
-                data[key] = {**data.get(key, {}), **given}
+        given = config_values(args)
+        from_file = set(data) - {k for k in given if not k.endswith("_params")}  # params merge into the file's
+        data = merge_config(data, given)
         cfg = ExperimentConfig.from_dict(data)
     except ValueError as exc:
         field = re.match(r"config field '(\w+)'", str(exc))
@@ -331,7 +308,7 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
             print("\n\n".join(text_outputs(path)))
         print(f"executed {path}", flush=True)
 
-    params = _key_values(args.parameter, "--parameter")
+    params = key_values(args.parameter, "--parameter")
     try:
         execute_notebooks(args.names, smoke=True if args.smoke else None, parameters=params, out_dir=args.out_dir,
                           in_place=args.in_place, on_done=report)
@@ -341,6 +318,13 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
         print(f"notebooks: {e} (committed notebook untouched)", file=sys.stderr)
         return 1
     return 0
+
+
+def _defer_shared_options(p: CommandParser, fields: Sequence[str], **defaults: Any) -> None:
+    """The experiment options ``fields`` of a command that builds its own configs, generated from ExperimentConfig
+    (defaults: the config's, except ``defaults``; dataset: cifar10), added when the command is used."""
+    p.defer(functools.partial(add_config_options, fields=fields, defaults={"dataset": "cifar10", **defaults},
+                              title="experiment config (fields of ExperimentConfig)"))
 
 
 def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
@@ -355,10 +339,7 @@ def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategies", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
-    p.add_argument("--dataset", default="cifar10")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--backend", default="vectorized", choices=["vectorized", "loop"])
-    p.add_argument("--max-steps", type=int, dest="max_steps", help="truncate the stream (smoke runs)")
+    _defer_shared_options(p, ("dataset", "device", "backend", "max_steps"))
     p.add_argument("--results", type=Path, required=True, help="folder of per-run summaries (cache)")
     p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
     p.add_argument("--only-cached", action="store_true", dest="only_cached",
@@ -435,19 +416,22 @@ def _add_run_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch threads per worker (default: CPU cores / workers)")
     p.add_argument("--deadline-s", type=float, dest="deadline_s",
                    help="start no job after this many seconds (running ones finish)")
+    from .ray_plan import add_ray_option
+
+    add_ray_option(p)  # --ray ADDRESS, --ray-gpus F
     p.set_defaults(func=cmd_run_plan)
 
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
-    import functools
-
-    from .plan import read_plan, run_plan
+    from .plan import read_plan
+    from .ray_plan import plan_executor
 
     if not args.plan.is_file():
         raise SystemExit(f"plan file '{args.plan}' does not exist (make one with FTTA_PLAN={args.plan} ...)")
     jobs = read_plan(args.plan)
-    print(f"{len(jobs)} planned jobs, {args.workers} workers", flush=True)
-    done = run_plan(jobs, workers=args.workers, deadline_s=args.deadline_s, threads=args.threads,
+    where = f"Ray cluster {args.ray}" if args.ray else f"{args.workers} workers"
+    print(f"{len(jobs)} planned jobs, {where}", flush=True)
+    done = plan_executor(args)(jobs, workers=args.workers, deadline_s=args.deadline_s, threads=args.threads,
                     log=functools.partial(print, flush=True))
     errors = [d for d in done if "error" in d]
     skipped = sum(1 for d in done if d.get("skipped"))
@@ -464,13 +448,10 @@ def _add_case_study(sub: argparse._SubParsersAction) -> None:
                                    "OUT/table.{csv,md}: accuracy per group and slot.")
     p.add_argument("--tta", choices=["bn", "grad"], default="bn", help="TTA-bn or TTA-grad (Tent, all params, SGD 1e-4)")
     p.add_argument("--strategies", nargs="+", default=["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"])
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--orders", choices=["fedtsa", "fedctta"], default="fedtsa",
                    help="the groups' corruption orders: FedTSA Table 4 (clients 5-7 one corruption ahead) or "
                         "FedCTTA Table III (four ahead)")
-    p.add_argument("--dataset", default="cifar10")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--max-steps", type=int, dest="max_steps", help="truncate the stream (smoke runs)")
+    _defer_shared_options(p, ("seed", "dataset", "device", "max_steps"))
     p.add_argument("--out", type=Path, required=True, help="folder of the stored runs and the table")
     p.set_defaults(func=cmd_case_study)
 
@@ -501,14 +482,9 @@ def _add_centralized(sub: argparse._SubParsersAction) -> None:
                                    "corruption) and STEM.md (mean errors beside the published WRN-28 numbers).")
     p.add_argument("--methods", nargs="+", help="local methods (default: those of the benchmark that are registered: "
                                                 "source bn tent eata cotta rotta roid)")
-    p.add_argument("--dataset", default="cifar10")
     p.add_argument("--images", type=int, default=10000, help="images per corruption")
-    p.add_argument("--batch-size", type=int, default=200, dest="batch_size")
-    p.add_argument("--severity", type=int, default=5)
-    p.add_argument("--corruptions", default="all", help="comma-separated corruption names, or 'all'")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--backend", default="vectorized", choices=["vectorized", "loop"])
+    _defer_shared_options(p, ("dataset", "batch_size", "severity", "corruptions", "seed", "device", "backend"),
+                          batch_size=200)
     p.add_argument("--param", action="append", metavar="METHOD.K=V", help="a method parameter (repeatable)")
     p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
     p.set_defaults(func=cmd_centralized_tta)
@@ -522,7 +498,7 @@ def cmd_centralized_tta(args: argparse.Namespace) -> int:
     methods = args.methods or [m for m in BENCHMARK_METHODS if m in LOCAL_METHODS]
     skipped = [] if args.methods else [m for m in BENCHMARK_METHODS if m not in LOCAL_METHODS]
     overrides: Dict[str, Dict[str, Any]] = {}
-    for key, value in _key_values(args.param, "--param").items():
+    for key, value in key_values(args.param, "--param").items():
         if "." not in key:
             raise SystemExit(f"--param expects METHOD.KEY=VALUE, got {key!r}")
         method, name = key.split(".", 1)
@@ -617,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-command per task."""
     parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
                                      "workbook. Every command has --help.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # CommandParser: a command's config options (cli_config) are generated when it is used, after its plugins load
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     for add in (_add_run, _add_runs, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
                 _add_tta_grad_cells,
                 _add_run_plan, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
@@ -639,8 +616,8 @@ DEBUG_ENV = "FTTA_DEBUG"
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point. A config or data error (``ValueError``, a missing file, a missing key, bad YAML) ends as one
     line on stderr and exit status 2; with ``FTTA_DEBUG=1`` it is raised with its traceback."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # a plugin named by --plugin is loaded here (its methods are listed in --help)
         if args.command in PLUGIN_COMMANDS:  # --plugin, $FTTA_PLUGINS, entry points; --plugin exported to children
             from .plugins import use_plugins
 

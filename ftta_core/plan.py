@@ -19,6 +19,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .progress import progress_bar
 from .runstore import store_summary
 
 PLAN_ENV = "FTTA_PLAN"
@@ -90,18 +91,27 @@ def read_plan(path: Path | str) -> List[PlannedJob]:
     return list(jobs.values())
 
 
-def run_job(job: PlannedJob) -> Dict[str, Any]:
-    """Run one planned job through the grid that planned it (``run_strategy_grid`` for a shared pass, else
-    ``run_grid``), so it is stored exactly as that grid stores runs; returns what it ran and how long it took."""
+def pending_runs(job: PlannedJob) -> int:
+    """How many of the job's runs its grid would run now (not stored, or stale under ``FTTA_RERUN_STALE``)."""
     import dataclasses
 
     from .experiment import ExperimentConfig
-    from .workbook import config_key, run_grid, run_strategy_grid
+    from .workbook import stored_path
+
+    cfg = ExperimentConfig.from_dict(job.config)
+    configs = [dataclasses.replace(cfg, strategy=s, strategy_params={}) for s in job.strategies] or [cfg]
+    return sum(stored_path(c, results_path(job)) is None for c in configs)
+
+
+def run_job(job: PlannedJob) -> Dict[str, Any]:
+    """Run one planned job through the grid that planned it (``run_strategy_grid`` for a shared pass, else
+    ``run_grid``), so it is stored exactly as that grid stores runs; returns what it ran and how long it took."""
+    from .experiment import ExperimentConfig
+    from .workbook import run_grid, run_strategy_grid
 
     cfg = ExperimentConfig.from_dict(job.config)
     results = results_path(job)
-    configs = [dataclasses.replace(cfg, strategy=s, strategy_params={}) for s in job.strategies] or [cfg]
-    ran = sum(not (results / f"{config_key(c)}.json").exists() for c in configs)
+    ran = pending_runs(job)
     t0 = time.perf_counter()
     if job.strategies:
         run_strategy_grid(cfg, list(job.strategies), [cfg.seed], results_dir=results, progress=False)
@@ -141,11 +151,14 @@ def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[
     deadline = None if deadline_s is None else time.time() + deadline_s
     threads = threads or max(1, (os.cpu_count() or 1) // workers)
     done: List[Dict[str, Any]] = []
+    bar = progress_bar(total=len(jobs), desc="planned jobs", unit="job")  # on stderr; quiet in logs
     if workers == 1:
         _init_worker(threads)
         for job in jobs:
             done.append(_run_before(job, deadline))
             log(json.dumps(done[-1]))
+            bar.update(1)
+        bar.close()
         return done
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
                              initargs=(threads,)) as pool:
@@ -153,7 +166,10 @@ def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[
         for future in as_completed(futures):
             done.append(future.result())
             log(json.dumps(done[-1]))
+            bar.update(1)
+    bar.close()
     return done
 
 
-__all__ = ["PLAN_ENV", "PlannedJob", "plan_file", "add_to_plan", "read_plan", "store_summary", "run_job", "run_plan"]
+__all__ = ["PLAN_ENV", "PlannedJob", "plan_file", "add_to_plan", "read_plan", "store_summary", "pending_runs", "run_job",
+           "run_plan"]

@@ -254,7 +254,23 @@ def test_python_m_ftta_core_reports_a_bad_config_without_a_traceback(tmp_path):
 # stored configs
 
 
-def test_every_stored_config_under_figures_still_loads_unchanged():
+@pytest.fixture
+def example_plugin():
+    """The methods of ``examples/my_plugin.py`` registered for one test (notebook 60's stored runs name them), the
+    registries restored afterwards."""
+    from ftta_core import plugins
+    from ftta_core.strategies import STRATEGIES
+    from ftta_core.tta import LOCAL_METHODS
+
+    saved = [(d, dict(d)) for d in (LOCAL_METHODS, STRATEGIES, plugins._LOADED)]
+    plugins.load_plugins([str(REPO / "examples" / "my_plugin.py")])
+    yield
+    for d, copy in saved:
+        d.clear()
+        d.update(copy)
+
+
+def test_every_stored_config_under_figures_still_loads_unchanged(example_plugin):
     """The workbook reads stored summaries back with ``summary_config``: each one must pass the strict checks and
     round-trip to the values stored."""
     loaded = 0
