@@ -159,3 +159,46 @@ def claims_reading(table: pd.DataFrame) -> str:
 
 __all__ = ["accuracies", "paired", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
            "claims_reading", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
+
+
+# the 2x2's cells as (BN, optimiser): a contrast changes one factor and keeps the other
+CELL_FACTORS: Dict[str, Tuple[str, str]] = {"grad": ("batch", "sgd"), "grad-adam": ("batch", "adam"),
+                                            "grad-running": ("running", "sgd"),
+                                            "grad-running-adam": ("running", "adam")}
+
+
+def cell_contrasts(results_dir: Path | str = RESULTS_DIR, setting: str = "niid",
+                   strategies: Sequence[str] = ("fedavg", "fedtsa")) -> pd.DataFrame:
+    """Why a TTA-grad claim moves: for every pair of 2x2 cells that differ in one factor (BN statistics or the
+    optimiser), how Local's accuracy and ``<strategy> - Local`` change, paired by seed (runs in both cells)."""
+    local = {c: accuracies(results_dir, c, setting, ("local", {})) for c in CELL_FACTORS}
+    gaps = {(c, s): accuracies(results_dir, c, setting, (s, {})) - local[c] for c in CELL_FACTORS for s in strategies}
+    rows = []
+    cells = list(CELL_FACTORS)
+    for i, a in enumerate(cells):
+        for b in cells[i + 1:]:
+            fa, fb = CELL_FACTORS[a], CELL_FACTORS[b]
+            changed = [k for k, (x, y) in enumerate(zip(fa, fb)) if x != y]
+            if len(changed) != 1:
+                continue
+            factor = ("BN statistics", "optimiser")[changed[0]]
+            keep = fa[1 - changed[0]]
+            quantities = [("Local", local[b], local[a])] + [
+                (f"{METHOD_LABELS[s]} - Local", gaps[(b, s)].dropna(), gaps[(a, s)].dropna()) for s in strategies]
+            for what, after, before in quantities:
+                mean, sd, seeds = paired(after, before)
+                rows.append({"factor": factor, "from": f"{fa[changed[0]]} ({a})", "to": f"{fb[changed[0]]} ({b})",
+                             "kept": keep, "quantity": what, "change": mean, "change sd": sd, "seeds": len(seeds),
+                             "setting": setting})
+    return pd.DataFrame(rows)
+
+
+def contrasts_reading(contrasts: pd.DataFrame, tie: float = 0.5) -> str:
+    """The contrasts that move a quantity by more than ``tie`` points, largest first (computed)."""
+    moved = contrasts[contrasts["change"].abs() > tie].sort_values("change", key=abs, ascending=False)
+    if moved.empty:
+        return (f"No single factor moves Local or a strategy's gap over Local by more than {tie:g} points in the "
+                "cells with runs in both.")
+    return "; ".join(f"{r['factor']} {r['from']} -> {r['to']} ({r['kept']} kept) moves "
+                     f"{r['quantity']} by {r['change']:+.2f} points ({r['seeds']} seed(s))"
+                     for r in moved.to_dict("records")) + "."

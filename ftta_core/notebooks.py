@@ -14,11 +14,14 @@ Where a run writes (``python -m ftta_core notebooks``):
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import os
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+from .progress import PROGRESS_ENV, papermill_progress
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_DIR / "notebooks"
@@ -30,6 +33,12 @@ SMOKE_ENV = "FTTA_SMOKE"
 # runs (a cache keyed by config hash): they are linked back to the committed store, so nothing is recomputed.
 OUTPUT_PARAMETERS: Dict[str, tuple] = {"figure_dir": (), "figures_dir": ()}
 NOTEBOOK_OUTPUT_PARAMETERS: Dict[str, Dict[str, tuple]] = {"40_fedicon": {"results_dir": ("cache",)}}
+
+# The notebooks' kernels run with progress bars off (they would only land in the executed copies as widgets; the
+# runner shows papermill's bar over cells on stderr instead) and without the variable by which JupyterLab marks its
+# kernels (a run started from a JupyterLab kernel must still render ``explorer``'s static figures).
+KERNEL_ENV = {PROGRESS_ENV: "0"}
+FRONTEND_ENV = "JPY_SESSION_NAME"
 
 IN_PLACE_SMOKE_REFUSED = ("--in-place refuses a smoke run (--smoke, -p smoke=True or FTTA_SMOKE=1): smoke outputs "
                           "must never land in the tracked notebooks")
@@ -143,7 +152,8 @@ def is_smoke_run(smoke: Optional[bool], parameters: Optional[Dict[str, Any]]) ->
 
 def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
                       parameters: Optional[Dict[str, Any]] = None, out_dir: Optional[Path] = None,
-                      in_place: bool = False, on_done: Optional[Callable[[Path], None]] = None) -> List[Path]:
+                      in_place: bool = False, on_done: Optional[Callable[[Path], None]] = None,
+                      progress: bool = True) -> List[Path]:
     """Execute notebooks with papermill; returns the executed paths.
 
     ``smoke`` is injected only when given (True/False); otherwise a ``smoke`` in ``parameters`` or the notebook's own
@@ -152,6 +162,8 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
     atomically, by its executed copy only when execution succeeded; smoke runs are refused (``ValueError``). A failed
     execution raises ``NotebookFailed`` (from papermill's error) and leaves its partial copy in the output folder
     (with ``in_place``: the staging folder ``runs/notebooks/<stamp>-in-place/``).
+    ``progress``: papermill's bar over each notebook's cells on stderr (``progress.progress_wanted``: quiet in logs
+    and with ``FTTA_PROGRESS=0``).
     """
     import papermill as pm
 
@@ -183,8 +195,10 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
         target.parent.mkdir(parents=True, exist_ok=True)
         source = input_notebook(path, out)
         try:
-            pm.execute_notebook(str(source), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
-                                kernel_name="python3", progress_bar=False)
+            with kernel_environment():
+                pm.execute_notebook(str(source), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
+                                    kernel_name="python3", progress_bar=papermill_progress(path.stem, progress),
+                                    config=kernel_config())
         except Exception as e:  # the committed notebook is untouched: only ``target`` was written
             raise NotebookFailed(path, target, e) from e
         finally:
@@ -200,6 +214,31 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
         if on_done is not None:
             on_done(target)
     return done
+
+
+@contextlib.contextmanager
+def kernel_environment() -> Iterator[None]:
+    """``os.environ`` as the notebooks' kernels inherit it while papermill starts them (restored afterwards):
+    ``KERNEL_ENV`` (a value the user set wins) and no ``FRONTEND_ENV``."""
+    saved = dict(os.environ)
+    os.environ.update({k: v for k, v in KERNEL_ENV.items() if k not in saved})
+    os.environ.pop(FRONTEND_ENV, None)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def kernel_config() -> Any:
+    """The traitlets config of the kernel manager papermill starts: CurveZMQ transport encryption where the
+    kernelspec declares it (ipykernel's does) and pyzmq supports it. Without it every kernel logs ipykernel's
+    "Kernel is running over TCP without encryption" warning (jupyter_client's ``transport_encryption`` defaults
+    to 'disabled'); with 'auto' the kernel really is encrypted and says nothing."""
+    import zmq
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport_encryption": "auto"}} if zmq.has("curve") else {})
 
 
 def source_path(path: Path) -> Path:

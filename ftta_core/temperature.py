@@ -8,7 +8,7 @@ degree of personalisation to the number of layers and the batch size. The grid: 
 clients, per label-skew alpha.
 
 The selection rule, fixed before any accuracy is read: on a held-out stream (the same protocol drawn with
-``HELD_OUT_SEED``, a seed no table reports), take the setting whose W puts the largest share of each client's
+``HELD_OUT_SEED``, a seed no table reports, cut to its first ``HELD_OUT_STEPS`` rounds), take the setting whose W puts the largest share of each client's
 weight on the *other* clients that see the same corruption at that step (``workbook.same_domain_weight``, averaged
 over clients and steps); ties go to the smaller T. Accuracy is then read on the reported seeds.
 Every run is a ``workbook.run_grid`` summary (with ``weight_shares``) under ``RESULTS_DIR``; ``FTTA_PLAN`` plans
@@ -28,6 +28,7 @@ TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
 ALPHAS = (0.1, 0.01)
 HELD_OUT_SEED = 100
+HELD_OUT_STEPS = 25  # the held-out stream's first 25 of 75 rounds (5 of the 15 corruptions): W's shares, not accuracy
 RESULTS_DIR = "figures/pfedbbn/runs/temperature"
 GRID_DIR = "figures/pfedbbn/runs"  # pFedBBN's Table 1 grid: read for runs it already has (T = 1, references)
 SHARE_COLUMNS = ("self", "same domain", "other domains", "uniform same-domain")
@@ -37,12 +38,13 @@ def setting_name(temperature: float, scale: str) -> str:
     return f"T={temperature:g}, scale={scale}"
 
 
-def bbn_base(base: ExperimentConfig, alpha: Optional[float]) -> ExperimentConfig:
-    """``base`` with BBN clients (the benchmark's settings) and label skew ``alpha``."""
+def bbn_base(base: ExperimentConfig, alpha: Optional[float], max_steps: Optional[int] = None) -> ExperimentConfig:
+    """``base`` with BBN clients (the benchmark's settings), label skew ``alpha`` and, if given, ``max_steps``."""
     from .imbalance import local_settings
 
-    return dataclasses.replace(base, local="bbn", local_params=local_settings("bbn", base.model_name),
-                               label_alpha=alpha)
+    cfg = dataclasses.replace(base, local="bbn", local_params=local_settings("bbn", base.model_name),
+                              label_alpha=alpha)
+    return cfg if max_steps is None else dataclasses.replace(cfg, max_steps=max_steps)
 
 
 def temperature_variants(temperatures: Sequence[float] = TEMPERATURES,
@@ -66,35 +68,37 @@ def reference_variants() -> Dict[str, Dict[str, Any]]:
 def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Sequence[Optional[float]] = ALPHAS,
                      variants: Optional[Mapping[str, Mapping[str, Any]]] = None,
                      results_dir: Path | str = RESULTS_DIR, only_cached: bool = False,
-                     also_read: Sequence[Path | str] = (GRID_DIR,)) -> pd.DataFrame:
+                     also_read: Sequence[Path | str] = (GRID_DIR,), max_steps: Optional[int] = None) -> pd.DataFrame:
     """One row per (alpha, variant, seed): accuracy and the mean ``weight_shares`` of the stored run (runs the
     missing ones unless ``only_cached``; with ``FTTA_PLAN`` set, plans them). ``also_read``: folders of stored runs
-    read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN."""
+    read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN.
+    ``max_steps``: truncate every run (the held-out stream: ``HELD_OUT_STEPS``)."""
     from .workbook import run_grid
 
     variants = dict(variants if variants is not None else {**temperature_variants(), **reference_variants()})
     frames = []
     for alpha in alphas:
-        grid = run_grid(bbn_base(base, alpha), variants, list(seeds), results_dir=Path(results_dir), progress=False,
+        grid = run_grid(bbn_base(base, alpha, max_steps), variants, list(seeds), results_dir=Path(results_dir), progress=False,
                         only_cached=only_cached, also_read=[Path(f) for f in also_read])
         if len(grid):
             frames.append(grid.assign(alpha=alpha))
     if not frames:
         return pd.DataFrame(columns=["alpha", "variant", "seed", "accuracy", *SHARE_COLUMNS])
     table = pd.concat(frames, ignore_index=True)
-    shares = _stored_shares(base, table, variants, [Path(results_dir), *map(Path, also_read)])
+    shares = _stored_shares(base, table, variants, [Path(results_dir), *map(Path, also_read)], max_steps)
     return pd.concat([table, shares], axis=1)[["alpha", "variant", "seed", "accuracy", *SHARE_COLUMNS]]
 
 
 def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mapping[str, Mapping[str, Any]],
-                   folders: Sequence[Path]) -> pd.DataFrame:
+                   folders: Sequence[Path], max_steps: Optional[int] = None) -> pd.DataFrame:
     """The ``weight_shares`` of each row's stored summary (NaN for runs stored before summaries carried them)."""
     from .runstore import read_summary
     from .workbook import stored_path
 
     rows = []
     for r in table.to_dict("records"):
-        cfg = dataclasses.replace(bbn_base(base, r["alpha"]), **dict(variants[r["variant"]]), seed=r["seed"])
+        cfg = dataclasses.replace(bbn_base(base, r["alpha"], max_steps), **dict(variants[r["variant"]]),
+                                  seed=r["seed"])
         found = stored_path(cfg, folders[0], folders[1:])
         shares = read_summary(found).get("weight_shares", {}) if found is not None else {}
         rows.append({k: shares.get(k, float("nan")) for k in SHARE_COLUMNS})
@@ -150,5 +154,64 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
     return rows
 
 
-__all__ = ["TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "RESULTS_DIR", "temperature_variants",
+def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = GRID_DIR,
+                  seeds: Sequence[int] = (0, 1, 2), tie: float = 0.5) -> List[Dict[str, Any]]:
+    """``pfedbbn_claims`` from the study's stored runs on pFedBBN's full protocol (nothing runs); [] while the
+    held-out runs the rule reads are not all stored."""
+    from .imbalance import pfedbbn_config
+
+    base = pfedbbn_config(dataset="cifar10")
+    held = temperature_grid(base, [HELD_OUT_SEED], ALPHAS, temperature_variants(), results_dir, True, (grid_dir,),
+                            HELD_OUT_STEPS)
+    if len(held) < len(ALPHAS) * len(temperature_variants()):
+        return []
+    reported = temperature_grid(base, seeds, ALPHAS, None, results_dir, True, (grid_dir,))
+    return pfedbbn_claims(reported, select_setting(held), tie)
+
+
+def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
+    """Accuracy (reported seeds, ±1 sd) and the same-domain share of W against T, one line per distance scale, one
+    column per alpha, rows sharing their y-scale; BBN alone and FedAvg + BBN as dashed/dotted references; the held-out
+    stream's shares (what the rule reads) as open markers. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from . import style
+
+    alphas = sorted(grid["alpha"].unique(), reverse=True)
+    fig, axes = plt.subplots(2, len(alphas), figsize=(min(style.MAX_WIDTH, 4.2 * len(alphas)), 6.2), squeeze=False,
+                             sharey="row", layout="constrained")
+    pf = grid[grid["variant"].str.startswith("T=")].copy()
+    pf["T"] = pf["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
+    pf["scale"] = pf["variant"].str.extract(r"scale=(\w+)")[0]
+    pf["same-domain share"] = pf["same domain"]
+    for k, alpha in enumerate(alphas):
+        top, bottom = axes[0, k], axes[1, k]
+        here = pf[pf["alpha"] == alpha]
+        style.errorbar_lines(top, here, "T", "accuracy", hue="scale")
+        style.errorbar_lines(bottom, here, "T", "same-domain share", hue="scale")
+        refs = grid[(grid["alpha"] == alpha) & ~grid["variant"].str.startswith("T=")]
+        for (name, g), ls in zip(refs.groupby("variant"), ("--", ":")):
+            top.axhline(g["accuracy"].mean(), color="0.3", ls=ls, lw=1, label=f"{name} ({g['seed'].nunique()} seed(s))")
+        uniform = here["uniform same-domain"].mean()
+        if pd.notna(uniform):
+            bottom.axhline(uniform, color="0.3", ls="--", lw=1, label="uniform mixing (FedAvg)")
+        if held_out is not None and len(held_out):
+            h = held_out[(held_out["alpha"] == alpha) & held_out["variant"].str.startswith("T=")].copy()
+            h["T"] = h["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
+            h["scale"] = h["variant"].str.extract(r"scale=(\w+)")[0]
+            for scale, g in h.groupby("scale"):
+                g = g.sort_values("T")
+                bottom.plot(g["T"], g["same domain"], "s--", mfc="white", lw=0.8, label=f"{scale}, held-out stream")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("temperature T")
+        top.set_title(f"alpha = {alpha:g}")
+        top.set_ylabel("accuracy (%)")
+        bottom.set_ylabel("same-domain share of W")
+    style.legend_outside(axes[0, -1])
+    style.legend_outside(axes[1, -1])
+    return fig
+
+
+__all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS", "RESULTS_DIR", "temperature_variants",
            "reference_variants", "temperature_grid", "select_setting", "curve", "pfedbbn_claims", "bbn_base"]

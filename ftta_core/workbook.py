@@ -13,6 +13,7 @@ import pandas as pd
 
 from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment
 from .plan import REPO_DIR, add_to_plan, plan_file
+from .progress import progress_bar, progress_wanted
 from .runstore import atomic_write, atomic_write_text, read_summary, store_summary, usable
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
@@ -39,6 +40,14 @@ def stored_path(cfg: ExperimentConfig, results_dir: Optional[Path], also_read: S
     return next((f / name for f in folders if usable(f / name)), None)
 
 
+def grid_summary(res: "Results", cfg: ExperimentConfig) -> Dict[str, Any]:
+    """What a grid stores of a run: its summary and ``weight_shares``, how W splits on average over steps and
+    clients (``same_domain_weight``: self, same domain, other domains, and the uniform same-domain share), so a
+    grid of summaries can say how personal each run's mixing was without keeping W."""
+    shares = same_domain_weight(res.collaboration, cfg).mean()
+    return {**res.summary, "weight_shares": {k: round(float(v), 6) for k, v in shares.items()}}
+
+
 def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], seeds: Sequence[int],
              results_dir: Optional[Path] = None, progress: bool = True, keep: bool = False,
              only_cached: bool = False, also_read: Sequence[Path] = ()) -> pd.DataFrame:
@@ -53,11 +62,7 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
     """
     rows, kept = [], {}
     jobs = [(name, seed) for name in variants for seed in seeds]
-    iterator = jobs
-    if progress:
-        from tqdm.auto import tqdm
-        iterator = tqdm(jobs, desc="runs")
-    for name, seed in iterator:
+    for name, seed in progress_bar(jobs, desc="runs", requested=progress):
         cfg = dataclasses.replace(base, **dict(variants[name]), seed=seed)
         path = Path(results_dir) / f"{config_key(cfg)}.json" if results_dir is not None else None
         found = stored_path(cfg, results_dir, also_read)
@@ -71,7 +76,7 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
         else:
             partial = partial_dir(cfg) if path is not None else None  # resumable while it runs
             res = run_experiment(cfg, out=partial)
-            summary = res.summary
+            summary = grid_summary(res, cfg)
             if keep:
                 kept[(name, seed)] = res
             if path is not None:
@@ -92,6 +97,7 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
     from .experiment import run_strategies
 
     rows = []
+    bar = progress_bar(total=len(strategies) * len(seeds), desc="runs", requested=progress)
     for seed in seeds:
         cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}, seed=seed) for s in strategies}
         paths = {s: Path(results_dir) / f"{config_key(c)}.json" if results_dir is not None else None
@@ -101,10 +107,11 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
         if missing and results_dir is not None and plan_file() is not None and not only_cached:
             add_to_plan(cfgs[missing[0]].to_dict(), results_dir, missing)  # planning: record the pass, run nothing
             missing = []
-        fresh = {} if (only_cached or not missing) else run_strategies(cfgs[missing[0]], missing, progress=progress)
+        fresh = {} if (only_cached or not missing) else run_strategies(cfgs[missing[0]], missing,
+                                                                        progress=progress_wanted(progress))
         for s in strategies:
             if s in fresh:
-                summary = fresh[s].summary
+                summary = grid_summary(fresh[s], cfgs[s])
                 if paths[s] is not None:
                     store_summary(paths[s], summary)
             elif found[s] is not None:
@@ -112,6 +119,8 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
             else:
                 continue
             rows.append({"variant": s, "seed": seed, **{k: summary[k] for k in SUMMARY_KEYS if k in summary}})
+        bar.update(len(strategies))
+    bar.close()
     return pd.DataFrame(rows, columns=["variant", "seed", *SUMMARY_KEYS]) if not rows else pd.DataFrame(rows)
 
 
@@ -187,8 +196,9 @@ def beside_paper(ours: pd.DataFrame, paper: Mapping[str, float], label: str = "p
 
 def format_mean_std(table: pd.DataFrame, digits: int = 2) -> pd.Series:
     """'mean ± std' strings ('–' where the mean is missing, e.g. a cell no run could fill)."""
-    return table.apply(lambda r: "–" if pd.isna(r["mean"]) else f"{r['mean']:.{digits}f} ± {r['std']:.{digits}f}",
-                       axis=1)
+    from .tables import mean_std_text
+
+    return table.apply(lambda r: mean_std_text(r["mean"], r["std"], digits=digits), axis=1)
 
 
 def over_seeds(table: pd.DataFrame, by: Sequence[str], value: str = "accuracy") -> Tuple[pd.DataFrame, pd.DataFrame]:
@@ -255,6 +265,7 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
         return path is not None and identity_of(read_summary(path)["config"]) == cfgs[s].identity()
 
     missing = [s for s in strategies if not stored(s)]
+    progress = progress_wanted(progress)
     if missing:
         try:
             fresh = run_strategies(cfgs[missing[0]], missing, progress=progress)

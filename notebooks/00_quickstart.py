@@ -43,12 +43,12 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ftta_core import plots
+from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.workbook import mean_std, run_grid
 
-pd.set_option("display.width", 140)
+style.use()
 smoke = smoke_mode(smoke)
 figure_dir = Path("../runs/smoke" if smoke else figure_dir)
 figure_dir.mkdir(parents=True, exist_ok=True)
@@ -67,25 +67,26 @@ grid = run_grid(base, {s: {"strategy": s} for s in strategies}, seeds=[seed], ke
 table = mean_std(grid, "variant", "accuracy")[["mean"]].rename(columns={"mean": "accuracy after mixing (%)"})
 table["accuracy before mixing (%)"] = grid.groupby("variant", sort=False)["accuracy_local"].mean()
 table["no adaptation (%)"] = grid.groupby("variant", sort=False)["accuracy_source"].mean()
-table.round(2)
+tables.show(table, caption=f"accuracy (%), seed {seed}; bold: best per column")
 
 # %% [markdown]
 # ## Who learns from whom
-# Each heatmap is `W` at the last step: row *i* says how much client *i* takes from every client *j*. Clients are
-# ordered by cluster (pairs 0-1, 2-3, 4-5, 6-7 share a corruption).
+# Each heatmap is `W` at the last step: row *i* says how much client *i* takes from every client *j*, all four on the
+# same [0, 1] colour scale (FedAvg's uniform 1/N is then visibly low, not "maximum"). Clients are ordered by cluster
+# (pairs 0-1, 2-3, 4-5, 6-7 share a corruption); white lines separate the clusters.
 
 # %%
 results = grid.attrs["results"]
-fig = plt.figure(figsize=(3.6 * len(strategies), 6.4))
-grid_spec = fig.add_gridspec(2, len(strategies))
-for k, s in enumerate(strategies):
-    plots.collaboration_heatmap(results[(s, seed)].collaboration[-1], ax=fig.add_subplot(grid_spec[0, k]), title=s)
-acc_ax = fig.add_subplot(grid_spec[1, :])
+groups = plots.domain_groups(results[(strategies[0], seed)].steps)
+fig = plt.figure(figsize=(style.MAX_WIDTH, 6.4), layout="constrained")
+top, bottom = fig.subfigures(2, 1, height_ratios=[1.1, 1])
+style.collaboration_matrices({s: results[(s, seed)].collaboration[-1] for s in strategies}, groups=groups,
+                             axes=top.subplots(1, len(strategies)))
+acc_ax = bottom.subplots()
 for s in strategies:
     plots.accuracy_per_slot(results[(s, seed)].steps, ax=acc_ax, label=s)
-acc_ax.legend(fontsize=8, ncol=len(strategies))
+style.legend_outside(acc_ax, title="strategy")
 acc_ax.set_title("accuracy after mixing, per slot (each slot: a new corruption per cluster)")
-fig.tight_layout()
 fig.savefig(figure_dir / "quickstart_collaboration.png", dpi=110)
 print("figure:", figure_dir / "quickstart_collaboration.png", "(relative to notebooks/)")
 

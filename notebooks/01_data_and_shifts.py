@@ -36,11 +36,13 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 
+from ftta_core import plots, style
 from ftta_core.corruptions import CORRUPTIONS, corrupt_uint8
 from ftta_core.data import load_dataset
 from ftta_core.notebooks import smoke_mode
 from ftta_core.scenarios import dirichlet_client_pools, fedtsa_scenario, heterogeneity_scenario
 
+style.use()
 smoke = smoke_mode(smoke)
 if smoke:
     dataset = "embedded_digits"
@@ -54,19 +56,21 @@ print(f"{test.name}: {len(test)} images {test.images.shape[1:]} , {test.num_clas
 
 # %%
 idx = np.arange(6)
-fig, axes = plt.subplots(len(idx), len(CORRUPTIONS) + 1, figsize=(1.1 * (len(CORRUPTIONS) + 1), 1.15 * len(idx)))
+cell = style.MAX_WIDTH / (len(CORRUPTIONS) + 1)  # inches per image: the grid fits the workbook's figure width
+fig, axes = plt.subplots(len(idx), len(CORRUPTIONS) + 1, figsize=(style.MAX_WIDTH, (cell + 0.05) * len(idx) + 0.5),
+                         layout="constrained")
 for c, name in enumerate(["clean"] + list(CORRUPTIONS)):
     imgs = test.images[idx] if name == "clean" else corrupt_uint8(test.images[idx], name, 5, seed)
     for r in range(len(idx)):
         axes[r, c].imshow(imgs[r])
         axes[r, c].axis("off")
     axes[0, c].set_title(name.replace("_", "\n"), fontsize=7)
-fig.tight_layout()
 
 # %% [markdown]
 # ## Scenarios
 # Left: the FedTSA NIID protocol (20 clients in 4 areas, each walking the 15 corruptions cyclically from its own
-# start; SH = 0.2). Middle: any (SH, TH) from the definitions. Right: Dirichlet label skew per client.
+# start; SH = 0.2). Right: any (SH, TH) from the definitions; one colour per corruption in both maps (key on the
+# right). Below: Dirichlet label skew per client.
 
 # %%
 names = list(CORRUPTIONS)
@@ -76,16 +80,14 @@ alpha = 0.1
 pools = dirichlet_client_pools(test.labels, 10, 200, alpha, seed)
 counts = np.stack([np.bincount(test.labels[p], minlength=test.num_classes) for p in pools])
 
-fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-sns.heatmap(niid.domain_map, ax=axes[0], cmap="tab20", cbar=False)
-axes[0].set(title=f"FedTSA NIID: SH={niid.spatial_heterogeneity():.2f}, TH={niid.temporal_heterogeneity:.3f}",
-            xlabel="slot (50 steps)", ylabel="client")
-sns.heatmap(other.domain_map, ax=axes[1], cmap="tab20", cbar=False)
-axes[1].set(title=f"SH={other.spatial_heterogeneity():.2f}, TH={other.temporal_heterogeneity:.3f}",
-            xlabel=f"slot ({other.slot_steps} steps)", ylabel="client")
-sns.heatmap(counts, ax=axes[2], cmap="Blues", annot=False)
+fig, axes = style.panels(3, ncols=2, panel=(4.4, 3.4))
+plots.scenario_map(axes[0], niid.domain_map, n_domains=len(names), xlabel=f"slot ({niid.slot_steps} steps)",
+                   title=f"FedTSA NIID: SH={niid.spatial_heterogeneity():.2f}, TH={niid.temporal_heterogeneity:.3f}")
+plots.scenario_map(axes[1], other.domain_map, n_domains=len(names), xlabel=f"slot ({other.slot_steps} steps)",
+                   title=f"SH={other.spatial_heterogeneity():.2f}, TH={other.temporal_heterogeneity:.3f}")
+style.category_key(axes[1], [n.replace("_", " ") for n in names], cmap="tab20", title="corruption", fontsize=8)
+sns.heatmap(counts, ax=axes[2], cmap="Blues", annot=False, cbar_kws={"label": "images"})
 axes[2].set(title=f"Dirichlet(alpha={alpha}) label skew, 10 clients x 200 images", xlabel="class", ylabel="client")
-fig.tight_layout()
 
 # %% [markdown]
 # ## Reading the pictures

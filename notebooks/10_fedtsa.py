@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ftta_core import plots
+from ftta_core import plots, style, tables
 from ftta_core.engine.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
 from ftta_core.notebooks import smoke_mode
@@ -56,6 +56,7 @@ from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 
+style.use()
 smoke = smoke_mode(smoke)
 cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=clients, sh=0.5,
                        corruptions=["fog", "contrast", "frost", "glass_blur", "impulse_noise", "brightness"],
@@ -79,13 +80,14 @@ def run(strategy):
 fedtsa, fedtsa_results, acc_tsa = run(build_strategy("fedtsa", window=window, server_steps=steps, seed=seed))
 _, local_results, acc_local = run(build_strategy("local"))
 _, fedavg_results, acc_avg = run(build_strategy("fedavg"))
-pd.DataFrame({"accuracy after mixing (%)": [acc_local, acc_avg, acc_tsa]}, index=["Local", "FedAvg", "FedTSA"]).round(2)
+tables.show(pd.DataFrame({"accuracy after mixing (%)": [acc_local, acc_avg, acc_tsa]}, index=["Local", "FedAvg", "FedTSA"]))
 
 # %% [markdown]
 # ## Inside the server at the last step
-# Left to right: the indicators (2-D PCA, coloured by the corruption each client currently sees), the current
-# similarity mask `M^cur`, the learned spatial attention = W, the last sampled spatial mask, one client's temporal
-# attention over the window, and the server's loss during this round.
+# Top: the indicators (2-D PCA, coloured by the corruption each client currently sees) and the server's loss during
+# this round. Bottom, all on the same [0, 1] scale with white lines between the clusters: the current similarity mask
+# `M^cur`, the learned spatial attention = W, the last sampled spatial mask; then one client's temporal attention over
+# the window (steps x steps, same scale).
 
 # %%
 diag = fedtsa.strategy.last_diagnostics
@@ -96,26 +98,33 @@ centred = ind - ind.mean(0)
 _, _, v = torch.pca_lowrank(centred, q=2, center=False)
 xy = (centred @ v[:, :2]).numpy()
 
-fig, axes = plt.subplots(1, 6, figsize=(26, 4))
+groups = plots.domain_groups(stream.scenario.domain_map)
+fig = plt.figure(figsize=(style.MAX_WIDTH, 7.2), layout="constrained")
+top, bottom = fig.subfigures(2, 1, height_ratios=[1, 1.05])
+pca_ax, loss_ax = top.subplots(1, 2)
 for d in np.unique(last.domains):
     sel = last.domains == d
-    axes[0].scatter(xy[sel, 0], xy[sel, 1], label=stream.scenario.domain_names[d])
+    pca_ax.scatter(xy[sel, 0], xy[sel, 1], label=stream.scenario.domain_names[d])
 for i, (x0, y0) in enumerate(xy):
-    axes[0].annotate(str(i), (x0, y0))
-axes[0].legend(fontsize=7)
-axes[0].set_title("indicators (PCA)")
-plots.collaboration_heatmap(diag.current_mask.float().numpy(), ax=axes[1], title="M^cur (cosine >= mean)")
-plots.collaboration_heatmap(diag.weights.numpy(), ax=axes[2], title="W = spatial attention")
+    pca_ax.annotate(str(i), (x0, y0), fontsize=8)
+pca_ax.set(title="indicators (PCA), by current corruption", xlabel="PC 1", ylabel="PC 2")
+style.legend_outside(pca_ax, title="corruption")
+loss_ax.plot(diag.loss, label="L")
+loss_ax.plot(diag.loss_regularization, label="||X_TSA - X||^2")
+loss_ax.plot(diag.loss_robustness, label="||X_TSA - X_TSA'||^2")
+loss_ax.set(title=f"server loss, round {diag.step} ({diag.seconds:.2f} s)", xlabel="server step", ylabel="loss")
+style.legend_outside(loss_ax)
+matrices = {"M^cur (cosine >= mean)": diag.current_mask.float().numpy(), "W = spatial attention": diag.weights.numpy()}
 if diag.spatial_mask is not None:
-    plots.collaboration_heatmap(diag.spatial_mask.float().numpy(), ax=axes[3], title="sampled spatial mask")
+    matrices["sampled spatial mask"] = diag.spatial_mask.float().numpy()
+*matrix_axes, time_ax = bottom.subplots(1, len(matrices) + 1)
+style.collaboration_matrices(matrices, groups=groups, axes=matrix_axes, cbar_label="weight / mask value")
 if diag.temporal_attention is not None:
-    plots.collaboration_heatmap(diag.temporal_attention[0].numpy(), ax=axes[4], title="client 0: temporal attention")
-axes[5].plot(diag.loss, label="L")
-axes[5].plot(diag.loss_regularization, label="||X_TSA - X||^2")
-axes[5].plot(diag.loss_robustness, label="||X_TSA - X_TSA'||^2")
-axes[5].set(title=f"server loss, round {diag.step} ({diag.seconds:.2f} s)", xlabel="server step")
-axes[5].legend(fontsize=7)
-fig.tight_layout()
+    plots.collaboration_heatmap(diag.temporal_attention[0].numpy(), ax=time_ax, title="client 0: temporal attention",
+                                cbar=False)
+    time_ax.set(xlabel="to window step", ylabel="window step")
+else:
+    time_ax.remove()
 
 # %%
 # computed from the runs above: which method leads on this small stream, and where FedTSA's W puts its weight
@@ -152,7 +161,8 @@ if runs.empty:
 else:
     for tta, group in runs.groupby("tta"):
         print(f"TTA-{tta}")
-        display(beside_fedtsa_table1(group, "cifar10", tta, [m for m in methods if m in set(group.strategy)]).round(2))
+        display(tables.show(beside_fedtsa_table1(group, "cifar10", tta, [m for m in methods if m in set(group.strategy)])
+                            .set_index(["method", "setting"])))
     # the paper's claims (NIID: FedTSA beats Local and FedAvg; IID: it matches FedAvg), computed from the runs
     display(Markdown("\n\n".join(fedtsa_claims_reading(group, tta) for tta, group in runs.groupby("tta"))))
     src = runs.groupby("seed")["accuracy_source"].first().mean()
@@ -175,11 +185,11 @@ else:
 # %%
 cells = tta_grad_cells(results_dir=results_dir, seeds=all_seeds)
 shown = cells[cells.seeds > 0] if (cells.seeds > 0).any() else cells
-display(shown.round(2).set_index(["cell", "setting"]))
+display(tables.show(shown.set_index(["cell", "setting"]), best=None))
 display(Markdown(tta_grad_cells_reading(shown)))
 ran = shown[shown.seeds > 0]
 if len(ran):
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(style.MAX_WIDTH, 3.6), sharey=True)
     for ax, (col, paper_col, title) in zip(axes, [("local - local(bn)", "paper: local - local(bn)",
                                                    "Local(TTA-grad) - Local(TTA-bn)"),
                                                   ("FedAvg - local", "paper: FedAvg - local", "FedAvg - Local (TTA-grad)")]):
@@ -192,8 +202,27 @@ if len(ran):
         ax.set_xticks(x, labels, fontsize=8)
         ax.set_title(title)
     axes[0].set_ylabel("accuracy difference (points)")
-    axes[1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    style.legend_outside(axes[1])
+
+# %% [markdown]
+# ## Which TTA-grad claims hold, and what moves them
+# Each row is one claim in one cell of the 2x2: the paper's difference (FedTSA Table 1; for FedAvg - Local also
+# FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code), ours paired by seed, and the
+# verdict with a tie band of 0.5 points (`ftta_core.fidelity`). The second table changes one factor at a time between
+# two cells that both have runs, so a claim that moves is traced to the factor that moved it, in stored runs.
+
+# %%
+from ftta_core import fidelity
+
+claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir))
+claims = claims[claims.seeds > 0]
+claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict"]
+display(tables.show(claims.set_index(["claim", "settled by"])[claim_columns], best=None))
+contrasts = fidelity.cell_contrasts(results_dir)
+contrasts = contrasts[contrasts.seeds > 0]
+display(tables.show(contrasts.set_index(["factor", "from", "to", "quantity"])[["change", "change sd", "seeds"]],
+                    best=None))
+display(Markdown(fidelity.claims_reading(claims) + " What moves them: " + fidelity.contrasts_reading(contrasts)))
 
 # %% [markdown]
 # ## Reading it

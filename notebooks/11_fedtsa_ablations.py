@@ -75,7 +75,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown
 
-from ftta_core import plots
+from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
@@ -83,6 +83,7 @@ from ftta_core.workbook import (difference_phrase, heterogeneity_sweep, mean_std
                                per_domain_table, per_seed_values, run_grid, stored_summaries, strategy_comparison,
                                sweep_reading)
 
+style.use()
 smoke = smoke_mode(smoke)
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
@@ -138,10 +139,10 @@ fig3 = pd.concat(frames, ignore_index=True)
 if fig3.empty:
     print("no stored runs: set compute=True")
 else:
-    display(mean_std(fig3, by=["setting", "variant"]).round(2))
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    display(tables.show(mean_std(fig3, by=["setting", "variant"])))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     plots.method_comparison(fig3, x="setting", y="accuracy", hue="variant", ax=ax)
-    ax.set_title(f"FedTSA variants, TTA-{tta}")
+    ax.set_title(f"FedTSA variants, TTA-{tta} (bars: mean, ±1 sd over n seeds)")
     fig.savefig(Path(figure_dir) / f"fig3_variants_{tta}.png", dpi=120, bbox_inches="tight")
 
 # %%
@@ -174,20 +175,20 @@ def sweep(field, values, fixed):
 
 fig4_sh = sweep("sh", sh_values, {"th": 0.02})
 fig4_th = sweep("th", th_values, {"sh": 0.2})
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+fig, axes = plt.subplots(1, 2, figsize=(style.MAX_WIDTH, 3.6), sharey=True)
 for ax, table, field in ((axes[0], fig4_sh, "sh"), (axes[1], fig4_th, "th")):
     if table.empty:
         continue
-    m = table.groupby(["variant", field]).accuracy.mean().unstack(0)
-    m.rename(columns=lambda s: METHOD_LABELS.get(s, s)).plot(ax=ax, marker="o")
+    style.errorbar_lines(ax, table, field, "accuracy", hue="variant", labels=METHOD_LABELS)
     ax.set(xlabel=field.upper(), ylabel="accuracy (%)", xscale="log" if field == "th" else "linear")
 axes[0].set_title("spatial heterogeneity (TH = 0.02)")
 axes[1].set_title("temporal heterogeneity (SH = 0.2)")
-fig.tight_layout()
+style.legend_outside(axes[1], title="strategy (±1 sd; open: 1 seed)")
 fig.savefig(Path(figure_dir) / f"fig4_robustness_{tta}.png", dpi=120, bbox_inches="tight")
 for table, field in ((fig4_sh, "sh"), (fig4_th, "th")):
     if not table.empty:
-        display(table.groupby([field, "variant"]).accuracy.mean().unstack().round(2))
+        display(tables.show(table.groupby([field, "variant"]).accuracy.mean().unstack()
+                            .rename(columns=lambda s: METHOD_LABELS.get(s, s))))
     display(Markdown(sweep_reading(table, field, "fedtsa", METHOD_LABELS)))
 
 # %%
@@ -239,18 +240,18 @@ fig7_t = grid(base, {f"T={t}": {"strategy": "fedtsa", "strategy_params": {"windo
 fig7_l = grid(base, {f"lambda={x:g}": {"strategy": "fedtsa",
                                         "strategy_params": {"lam": x} if x > 0 else {"variant": "w/o aug"}}
                      for x in lambdas})
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+fig, axes = plt.subplots(1, 2, figsize=(style.MAX_WIDTH, 3.6), sharey=True)
 for ax, table, values, label in ((axes[0], fig7_t, windows, "T"), (axes[1], fig7_l, lambdas, "lambda")):
     if table.empty:
         continue
-    m = mean_std(table)
     at = {f"{label}={v:g}": v for v in values}  # a missing point leaves a gap, never shifts the others
-    m = m.loc[sorted(m.index, key=at.get)]
-    ax.errorbar([at[k] for k in m.index], m["mean"], yerr=m["std"], marker="o")
+    drawn = style.errorbar_lines(ax, table.assign(**{label: table.variant.map(at)}), label, "accuracy")
     ax.set(xlabel=label, ylabel="accuracy (%)", title=f"FedTSA vs {label} (NIID, TTA-{tta})")
-fig.tight_layout()
+    ax.set_xticks(sorted(drawn[label]))
+span = style.honest_ylim(axes[0], min_span=3.0, note=False)  # shared y: at least 3 points, so noise looks like noise
+fig.suptitle(f"y-axis spans {span:.1f} points; error bars ±1 sd over seeds, open marker: one seed", fontsize=9)
 fig.savefig(Path(figure_dir) / f"fig7_hyperparameters_{tta}.png", dpi=120, bbox_inches="tight")
-display(pd.concat([mean_std(fig7_t), mean_std(fig7_l)]).round(2))
+display(tables.show(pd.concat([mean_std(fig7_t), mean_std(fig7_l)])))
 
 
 # %%
@@ -292,8 +293,8 @@ ours3 = per_domain_table(summaries3)
 for name, ours in (("fedtsa_table2", ours2), ("fedtsa_table3", ours3)):
     print(name, "- ours per corruption:" if not ours.empty else "- no stored runs with per-corruption numbers yet")
     if not ours.empty:
-        display(ours.rename(index=lambda s: METHOD_LABELS.get(s, s)).round(2))
-    display(beside_per_corruption(ours, name).round(2))
+        display(tables.show(ours.rename(index=lambda s: METHOD_LABELS.get(s, s))))
+    display(tables.show(beside_per_corruption(ours, name)))
 
 
 # %%

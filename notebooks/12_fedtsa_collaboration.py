@@ -33,7 +33,8 @@ tta = "bn"
 results_dir = "../figures/case_study/cifar10_bn"
 strategies = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
 highlight_slot = 7  # 0-based: the Snow slot of groups 1 and 3
-max_steps = None  # the paper's 750 steps; 400 covers slots 0-7 (the stored CPU run: -p max_steps 400)
+max_steps = None  # the paper's 750 steps; 400 covers slots 0-7, stored on the CPU, shown with
+# -p max_steps=400 -p results_dir=../figures/case_study/cifar10_bn_400steps
 
 # %%
 import tempfile
@@ -41,13 +42,14 @@ import tempfile
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ftta_core import plots
+from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
 from ftta_core.workbook import (CASE_STUDY_ALL, CASE_STUDY_GROUPS, case_study_domains, case_study_reading,
                                 case_study_table, group_weight_shares, run_stored, same_domain_weight)
 
+style.use()
 smoke = smoke_mode(smoke)
 if smoke:
     cfg = ExperimentConfig(dataset="embedded_digits", scenario="case_study", clients=10, batch_size=10,
@@ -69,7 +71,7 @@ case_study_domains(runs[strategies[0]])
 
 # %%
 table = case_study_table(runs)
-table.round(2)
+tables.show(table.rename(index=lambda s: METHOD_LABELS.get(s, s), level=0))
 
 # %% [markdown]
 # Beside the paper's Table 4 (mean over the slots we ran, all ten clients). The paper's numbers are for **CIFAR-100-C**
@@ -82,29 +84,29 @@ paper_mean = paper[paper.slot.astype(str).isin(slots_run)].groupby("method").acc
 ours = table.xs(CASE_STUDY_ALL, level="group")["mean"].rename(index=lambda s: METHOD_LABELS.get(s, s))
 source = pd.Series({"No-Adapt": next(iter(runs.values())).summary["accuracy_source"]})
 side = pd.DataFrame({f"ours, {cfg.dataset}-C (%)": pd.concat([source, ours]), "paper, CIFAR-100-C (%)": paper_mean})
-side.reindex([*source.index, *ours.index, *paper_mean.index.difference(ours.index).difference(source.index)]).round(2)
+tables.show(side.reindex([*source.index, *ours.index,
+                           *paper_mean.index.difference(ours.index).difference(source.index)]))
 
 # %% [markdown]
 # ## Fig 5: the collaboration matrices in the highlighted slot
 # W averaged over the 50 steps of the slot (row i: how much client i takes from client j; clients 0-3, 4-6, 7-9 are
-# the paper's groups 1, 2, 3).
+# the paper's groups 1, 2, 3, separated by white lines), every panel on the same [0, 1] scale.
 
 # %%
 slot_steps = cfg.images_per_client // cfg.batch_size
 window = slice(highlight_slot * slot_steps, (highlight_slot + 1) * slot_steps)
 shown = [s for s in ["fedamp", "pfedgraph", "fedtsa", "fedctta"] if s in runs] or list(runs)
-fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 4.2), squeeze=False)
-for ax, s in zip(axes[0], shown):
-    plots.collaboration_heatmap(runs[s].collaboration[window].mean(0), ax=ax,
-                                title=f"{METHOD_LABELS.get(s, s)}, slot {highlight_slot}")
-fig.tight_layout()
+group_of = {c: g for g, clients in CASE_STUDY_GROUPS.items() for c in clients}
+groups = [group_of.get(c, "") for c in range(cfg.clients)]
+style.collaboration_matrices({f"{METHOD_LABELS.get(s, s)}, slot {highlight_slot}": runs[s].collaboration[window].mean(0)
+                              for s in shown}, groups=groups, ncols=min(len(shown), 3))
 
 # %% [markdown]
 # How each group splits its weight in that slot (self, the rest of its own group, each other group):
 
 # %%
 shares = pd.concat({METHOD_LABELS.get(s, s): group_weight_shares(runs[s].collaboration, steps=window) for s in shown})
-shares.round(3)
+tables.show(shares, digits=3, best=None)
 
 # %% [markdown]
 # The same slot by corruption rather than by group: the share of each group's weight on the clients that see **its own
@@ -112,23 +114,23 @@ shares.round(3)
 # them, and the part kept on itself.
 
 # %%
-group_of = {c: g for g, clients in CASE_STUDY_GROUPS.items() for c in clients}
 same = pd.concat({METHOD_LABELS.get(s, s): same_domain_weight(runs[s].collaboration, cfg, steps=window) for s in shown})
 same = same.assign(**{"self + same domain": same["self"] + same["same domain"],
                       "uniform (self + same domain)": same["uniform same-domain"] + 1 / cfg.clients})
-same.groupby([same.index.get_level_values(0), same.index.get_level_values(1).map(group_of)], sort=False)[
-    ["self", "self + same domain", "uniform (self + same domain)"]].mean().round(2)
+tables.show(same.groupby([same.index.get_level_values(0), same.index.get_level_values(1).map(group_of)], sort=False)[
+    ["self", "self + same domain", "uniform (self + same domain)"]].mean(), best=None)
 
 # %% [markdown]
 # ## Fig 6: client 1's collaboration over time
-# Row 0 of W at every step (client 1 in the paper's numbering); white lines separate the slots.
+# Row 0 of W at every step (client 1 in the paper's numbering), on the same [0, 1] scale for every method; thin white
+# vertical lines separate the slots, thick horizontal lines the three groups.
 
 # %%
-fig, axes = plt.subplots(len(shown), 1, figsize=(14, 2.6 * len(shown)), squeeze=False)
+fig, axes = plt.subplots(len(shown), 1, figsize=(style.MAX_WIDTH, 2.2 * len(shown)), squeeze=False, sharex=True)
 for ax, s in zip(axes[:, 0], shown):
-    plots.collaboration_over_time(runs[s].collaboration, client=0, ax=ax, slot_steps=slot_steps,
-                                  title=f"{METHOD_LABELS.get(s, s)}: client 1's weights over time")
-fig.tight_layout()
+    plots.collaboration_over_time(runs[s].collaboration, client=0, ax=ax, slot_steps=slot_steps, groups=groups,
+                                  cbar=False, title=f"{METHOD_LABELS.get(s, s)}: client 1's weights over time")
+fig.colorbar(axes[0, 0].images[0], ax=axes[:, 0], label=style.W_LABEL, shrink=0.8)
 
 # %% [markdown]
 # ## Reading it
@@ -147,3 +149,22 @@ Markdown(case_study_reading(table, shares, same, case_study_domains(runs[strateg
 # distance of the models' outputs on noise. The paper's Fig 5 is on CIFAR-100-C with a ResNeXt-29; whether its
 # 100-class features separate the corruptions differently from our 10-class ResNet-8 is an **untested hypothesis**:
 # no run here compares the two.
+
+# %% [markdown]
+# ## Explore W yourself
+# Every stored case-study run that kept W (the run folders beside `results_dir`), step by step, starting at FedTSA
+# in the highlighted slot: choose a run, a step (or press play) and a client.
+# Rows and columns are ordered by the domain each client sees at the step shown, with white lines between the
+# domains and their names on the right, all on the fixed [0, 1] colour scale; beside it, the chosen client's row
+# of W over every step (red line: the step shown). In JupyterLab this is an interactive widget (run, step slider
+# with a play button, client; `ftta_core.explorer`); an executed copy (papermill, nbval) shows its static
+# version: W at a few steps spread over the run and the client's row over time.
+
+# %%
+from pathlib import Path
+
+from ftta_core.explorer import explore, find_runs
+
+explorer_runs = find_runs(results_dir if smoke else Path(results_dir).parent)  # smoke: this run's folder only
+start = "fedtsa" if "fedtsa" in runs else strategies[0]
+view = explore(explorer_runs, run=Path(results_dir) / start, step=window.start + slot_steps // 2)

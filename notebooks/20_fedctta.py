@@ -58,7 +58,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
-from ftta_core import plots
+from ftta_core import plots, style, tables
 from ftta_core.engine.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
 from ftta_core.fedctta_study import (Variant, batch_size_variants, clean_probe_images, cluster_groups,
@@ -76,6 +76,7 @@ from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, per_do
                                stored_summaries, sweep_reading)
 
 torch.set_num_threads(1)
+style.use()
 smoke = smoke_mode(smoke)
 seeds = seeds[:1] if smoke else seeds
 cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=clients, sh=0.5,
@@ -102,17 +103,22 @@ opened = fedctta_round(engine, stream.batch(n_steps - 1))
 names = [f"{i}:{stream.scenario.domain_names[d][:6]}" for i, d in enumerate(opened.domains)]
 print("engine W == recomputed W:", np.allclose(opened.engine_weights, opened.weights.numpy(), atol=1e-6))
 
-fig, axes = plt.subplots(1, 6, figsize=(26, 4), gridspec_kw={"width_ratios": [1, 1, 1, 1.6, 1.6, 1.6]})
-for k in range(3):
-    axes[k].imshow(opened.probes[0, k].permute(1, 2, 0).numpy())
-    axes[k].set_title(f"probe {k}")
-    axes[k].axis("off")
-plots.collaboration_heatmap(opened.statistics.numpy(), ax=axes[3], title="mean logits on the probes (client x class)")
-axes[3].set(xlabel="class", ylabel="client")
-axes[3].set_yticklabels(names, rotation=0)
-plots.collaboration_heatmap(opened.distances.numpy(), ax=axes[4], title="||mu_i - mu_j||", labels=names)
-plots.collaboration_heatmap(opened.weights.numpy(), ax=axes[5], title="W = softmax(-distance)", labels=names)
-fig.tight_layout()
+client_group = plots.domain_groups(stream.scenario.domain_map)
+fig = plt.figure(figsize=(style.MAX_WIDTH, 7.6), layout="constrained")
+top, bottom = fig.subfigures(2, 1, height_ratios=[0.55, 1])
+for k, ax in enumerate(top.subplots(1, 3)):
+    ax.imshow(opened.probes[0, k].permute(1, 2, 0).numpy())
+    ax.set_title(f"probe {k}")
+    ax.axis("off")
+axes = bottom.subplots(1, 3)
+plots.collaboration_heatmap(opened.statistics.numpy(), ax=axes[0], title="mean logits on the probes", vmin=None,
+                            vmax=None, cbar_label="mean logit", cmap="rocket")
+axes[0].set(xlabel="class", ylabel="client")
+axes[0].set_yticks(np.arange(len(names)) + 0.5, names, rotation=0)
+plots.collaboration_heatmap(opened.distances.numpy(), ax=axes[1], title="||mu_i - mu_j||", labels=names, vmin=0,
+                            vmax=None, groups=client_group, cbar_label="distance", cmap="rocket_r")
+plots.collaboration_heatmap(opened.weights.numpy(), ax=axes[2], title="W = softmax(-distance)", labels=names,
+                            groups=client_group)
 
 # %% [markdown]
 # ## The collaboration matrix over rounds, and client 0 over time
@@ -125,10 +131,9 @@ fig.tight_layout()
 # %%
 W = np.stack([r.weights for r in walk_results] + [opened.engine_weights])
 shown = sorted({0, *range(stream.scenario.slot_steps - 1, n_steps, stream.scenario.slot_steps), n_steps - 1})[:6]
-plots.collaboration_snapshots(W, shown)
-plt.gcf().tight_layout()
-fig, ax = plt.subplots(figsize=(10, 3))
-plots.collaboration_over_time(W, 0, ax=ax, slot_steps=stream.scenario.slot_steps)
+plots.collaboration_snapshots(W, shown, groups=client_group)
+fig, ax = plt.subplots(figsize=(style.MAX_WIDTH, 3))
+plots.collaboration_over_time(W, 0, ax=ax, slot_steps=stream.scenario.slot_steps, groups=client_group)
 
 steps_done = walk_results + [opened.result]
 runs = {}  # live runs already done (config, strategy, parameters) -> accuracies, shared by the grids below
@@ -138,9 +143,9 @@ walk = {"Local": refs["local"], "FedAvg": refs["fedavg"],
         "FedCTTA": 100 * sum(r.correct_mixed.sum() for r in steps_done) / sum(r.n.sum() for r in steps_done)}
 shares = group_weight_shares(W, groups)
 contrast = distance_contrast(opened.distances.numpy(), groups)
-display(pd.DataFrame({"accuracy after mixing (%)": walk}).round(2))
+display(tables.show(pd.DataFrame({"accuracy after mixing (%)": walk})))
 print("mean distance at the opened step, within / across clusters:", {k: round(v, 2) for k, v in contrast.items()})
-display(shares.round(3))
+display(tables.show(shares, digits=3, best=None))
 
 # %% [markdown]
 # ## Table I: CIFAR-10-C, stored runs beside the paper
@@ -159,11 +164,29 @@ for tta in ("bn", "grad"):
     found = table1[table1.tta == tta]
     print(f"TTA-{tta}: {len(found)} stored runs")
     if len(found):
-        display(beside_fedctta_table1(found, "cifar10", tta, table1_strategies).round(2))
+        display(tables.show(beside_fedctta_table1(found, "cifar10", tta, table1_strategies)))
 missing = missing_table1_runs(table1, table1_strategies, cifar_seeds)
 print(f"still missing: {len(missing)} of {4 * len(table1_strategies)} (tta, setting, method) rows lack some of "
       f"seeds {cifar_seeds}")
-display(missing)
+display(tables.show(missing, best=None))
+
+# %% [markdown]
+# ## Table I's claims with the reference clients' probes, and FedAvgM's two momentum variants
+# The reference clients compute FedCTTA's probe logits in eval mode: normalised with the previous aggregation's
+# statistics under TTA-bn and with the client's running statistics under TTA-grad (`probe_bn="eval"`; running BN is
+# the `grad-running-adam` cell of notebook 10). FedAvgM's server momentum on every shared tensor (our default) or on
+# parameters only, which under TTA-bn is FedAvg by construction. Runs planned in
+# `figures/fedctta/fidelity.plan.jsonl` (`python -m ftta_core run-plan FILE --workers 2 --threads 1`); each row is one
+# claim, ours paired by seed beside the paper's difference, with the verdict (tie band 0.5 points,
+# `ftta_core.fidelity`); rows without stored runs say so.
+
+# %%
+from ftta_core import fidelity
+
+claims = pd.DataFrame(fidelity.fedctta_claims(results_dir) + fidelity.fedavgm_claims(results_dir))
+display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds", "verdict"]],
+                    best=None))
+display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]
 # ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
@@ -181,8 +204,8 @@ table2 = per_domain_table(stored_summaries(iid_bn, {s: {"strategy": s} for s in 
 if table2.empty:
     print("no stored IID TTA-bn runs with per-corruption numbers yet")
 else:
-    display(table2.rename(index=lambda s: METHOD_LABELS.get(s, s)).round(2))
-display(beside_per_corruption(table2, "fedctta_table2", dataset="cifar10").round(2))
+    display(tables.show(table2.rename(index=lambda s: METHOD_LABELS.get(s, s))))
+display(tables.show(beside_per_corruption(table2, "fedctta_table2", dataset="cifar10")))
 
 # %% [markdown]
 # ## Table III: the 10-client case study with the paper's orders (TTA-bn)
@@ -195,7 +218,7 @@ display(beside_per_corruption(table2, "fedctta_table2", dataset="cifar10").round
 # %%
 case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"])
 if case_runs:
-    display(beside_fedctta_table3(case_runs).round(2))
+    display(tables.show(beside_fedctta_table3(case_runs)))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
 
@@ -226,17 +249,17 @@ else:
 fig2 = {field: heterogeneity_sweep(sweep_base, field, values, fixed, FIG2, sweep_seeds, sweep_dir,
                                    only_cached=not compute_sweeps)
         for field, values, fixed in (("sh", sh_values, {"th": 0.02}), ("th", th_values, {"sh": 0.2}))}
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.5))
+fig, axes = plt.subplots(1, 2, figsize=(style.MAX_WIDTH, 3.6), sharey=True)
 for ax, (field, table) in zip(axes, fig2.items()):
     if table.empty:
         ax.set_title(f"{field.upper()}: no stored runs")
         continue
     means = table.groupby(["variant", field]).accuracy.mean().unstack(0)
-    means.rename(columns=lambda s: METHOD_LABELS.get(s, s)).plot(ax=ax, marker="o")
+    style.errorbar_lines(ax, table, field, "accuracy", hue="variant", labels=METHOD_LABELS)
     ax.set(xlabel=field.upper(), ylabel="accuracy (%)", xscale="log" if field == "th" else "linear",
            title="spatial heterogeneity (TH = 0.02)" if field == "sh" else "temporal heterogeneity (SH = 0.2)")
-    display(means.rename(columns=lambda s: METHOD_LABELS.get(s, s)).round(2))
-fig.tight_layout()
+    display(tables.show(means.rename(columns=lambda s: METHOD_LABELS.get(s, s))))
+style.legend_outside(axes[-1], title="strategy (±1 sd; open: 1 seed)")
 missing = [(field, value, s) for field, values in (("sh", sh_values), ("th", th_values)) for value in values
            for s in FIG2 if fig2[field].empty
            or len(fig2[field].query(f"{field} == @value and variant == @s")) < len(sweep_seeds)]
@@ -255,12 +278,14 @@ for field, table in fig2.items():
 cost_result = json.loads(Path(server_cost_json).read_text())
 cost = scaling_table(cost_result)
 print(cost_result["command"], "|", cost_result["device_name"], "|", cost_result["date"])
-display(cost.pivot(index="clients", columns="strategy", values="s_per_round").round(4))
-display(cost.pivot(index="clients", columns="strategy", values="held_bytes"))
-display(pd.DataFrame(cost_result["uploads"]))
-display(pd.DataFrame(cost_result["probe_forward"])[["clients", "seconds", "seconds_per_client"]].round(4))
+display(tables.show(cost.pivot(index="clients", columns="strategy", values="s_per_round"), digits=4, best="min",
+                    caption="server seconds per round"))
+display(tables.show(cost.pivot(index="clients", columns="strategy", values="held_bytes"), best=None,
+                    caption="bytes held between rounds"))
+display(tables.show(pd.DataFrame(cost_result["uploads"]), best=None))
+display(tables.show(pd.DataFrame(cost_result["probe_forward"])[["clients", "seconds", "seconds_per_client"]], digits=4,
+                    best=None))
 plots.server_cost_figure(cost_result)
-plt.gcf().tight_layout()
 
 # %% [markdown]
 # ## Table IV on the digits: probe data x statistic x distance
@@ -283,7 +308,7 @@ grad_cfg = ExperimentConfig(**{**cfg.to_dict(), **TTA_SETTINGS["grad"]})
 grad_grid = live_grid(grad_cfg, {"Local": Variant("local"), "FedAvg": Variant("fedavg")}, seeds, cache=runs)
 grad_refs = grad_grid.groupby("variant")["accuracy"].mean().to_dict()
 print("references (TTA-grad):", {k: round(v, 2) for k, v in grad_refs.items()})
-display(t4.round(2))
+display(tables.show(t4))
 
 # %% [markdown]
 # ## Fig. 5 on the digits: aggregation interval and batch size (and the temperature)
@@ -305,20 +330,19 @@ batch_grid["batch"] = batch_grid.batch.astype(int)
 temperatures = [1, 10] if smoke else [1, 3, 10, 30]
 temperature_grid = live_grid(cfg, temperature_variants(temperatures), seeds, cache=runs)
 temperature_grid["temperature"] = temperature_grid.variant.str.split().str[-1].astype(float)
-fig, axes = plt.subplots(1, 3, figsize=(18, 3.5))
-plots.accuracy_curve(interval_grid, "interval", ax=axes[0], log_x=True)
-axes[0].axhline(refs.get("fedavg", np.nan), color="gray", ls="--", lw=1, label="FedAvg")
-axes[0].axhline(refs.get("local", np.nan), color="k", ls=":", lw=1, label="Local")
-axes[0].legend(fontsize=7)
-axes[0].set_title("(a) aggregation interval")
-plots.accuracy_curve(batch_grid, "batch", hue="strategy", ax=axes[1])
+fig, axes = style.panels(3, ncols=3, panel=(3.6, 3.6))
+for ax, grid_, x, title in ((axes[0], interval_grid, "interval", "(a) aggregation interval"),
+                            (axes[2], temperature_grid, "temperature", "(c) softmax temperature (not in the paper)")):
+    plots.accuracy_curve(grid_, x, ax=ax, log_x=True, label="FedCTTA")
+    ax.axhline(refs.get("fedavg", np.nan), color="gray", ls="--", lw=1, label="FedAvg")
+    ax.axhline(refs.get("local", np.nan), color="k", ls=":", lw=1, label="Local")
+    ax.set_title(title)
+style.legend_outside(axes[0], loc="upper center", anchor=(0.5, -0.2), ncol=3)
+plots.accuracy_curve(batch_grid, "batch", hue="strategy", ax=axes[1], labels=METHOD_LABELS)
+style.legend_outside(axes[1], loc="upper center", anchor=(0.5, -0.2), ncol=3, title=None)
 axes[1].set_title("(b) batch size")
-plots.accuracy_curve(temperature_grid, "temperature", ax=axes[2], log_x=True)
-axes[2].axhline(refs.get("local", np.nan), color="k", ls=":", lw=1, label="Local")
-axes[2].axhline(refs.get("fedavg", np.nan), color="gray", ls="--", lw=1, label="FedAvg")
-axes[2].legend(fontsize=7)
-axes[2].set_title("(c) softmax temperature (not in the paper)")
-fig.tight_layout()
+axes[2].get_legend() and axes[2].get_legend().remove()  # same key as (a)
+fig.suptitle("mean ± 1 sd over seeds (open marker: one seed); (c) uses the key of (a)", fontsize=9)
 
 # %% [markdown]
 # ## Reading it

@@ -88,6 +88,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+from ftta_core import plots, style, tables
 from ftta_core.fedicon import (TABLE1_METHODS, TrainConfig, TTAConfig, cifar_label_skew_clients,
                                digit_covariate_clients, digit_lodo_clients, method_table, office_covariate_clients,
                                office_lodo_clients, run_methods)
@@ -100,6 +101,7 @@ from ftta_core.notebooks import smoke_mode
 from ftta_core.workbook import markdown_table
 
 torch.set_num_threads(1)
+style.use()
 smoke = smoke_mode(smoke)
 if smoke:
     seeds, rounds, n_train, n_test, fig3_n_train = seeds[:1], 1, 32, 16, 32
@@ -132,7 +134,7 @@ table1 = method_table(rows_digits, digit_methods, list(DIGIT_CLIENT_DOMAINS))
 paper1 = paper_columns("table1", ["MNIST", "USPS", "MNIST-M"], digit_methods)
 paper1["mean of 5"] = paper_columns("table1", ["MNIST", "SVHN", "USPS", "Synth", "MNIST-M"], digit_methods).mean(axis=1)
 table1_beside = beside_paper(table1, paper1, "paper")
-display(table1_beside)
+display(tables.show(table1_beside))
 
 # %% [markdown]
 # ## Table 8 shape: ablation
@@ -143,7 +145,20 @@ display(table1_beside)
 # %%
 ablation_methods = [ablation_name(*flags) for flags in ABLATION]
 rows_ablation = run_methods(cache, digits, ablation_methods, seeds, build_digits, "cnn2", train_cfg, tta_cfg)
-display(ablation_table(rows_ablation))
+display(tables.show(ablation_table(rows_ablation)))
+
+# %% [markdown]
+# Per digit domain (each client's own domain, shifted): the bars are the mean over seeds, ±1 sd where there is more
+# than one seed (`seeds` parameter), each labelled with its mean and seed count.
+
+# %%
+per_domain_methods = [m for m in ["Local", "FedAvg", "FedTHE", "FedICON"] if m in set(rows_digits.method)]
+shifted = rows_digits[(rows_digits["shift"] == "shifted") & rows_digits.method.isin(per_domain_methods)]
+fig, ax = plt.subplots(figsize=(style.MAX_WIDTH, 3.8))
+plots.method_comparison(shifted, x="client", y="accuracy", hue="method", ax=ax)
+ax.set(xlabel="client (its digit domain, shifted)", title="FedICON beside its baselines, per digit domain")
+if not smoke:
+    fig.savefig(out_dir / "per_domain_digits.png", dpi=120)
 
 # %% [markdown]
 # ## Table 9 shape: FedICON vs FedICON-us (digits)
@@ -153,7 +168,7 @@ t9_methods = ["Local", "FedAvg", "FedAvg-FT", "FedICON", "FedICON-us"]
 means = mean_by_method(rows_digits)
 table9 = pd.DataFrame({"ours (digit domains, mean)": means.reindex(t9_methods).round(2)})
 table9["paper Digit-5"] = paper_columns("table9", ["Digit-5"], t9_methods)["Digit-5"]
-display(table9)
+display(tables.show(table9))
 
 # %% [markdown]
 # ## Fig 3 shape: number of clients and local epochs (FedAvg vs FedICON)
@@ -161,12 +176,13 @@ display(table9)
 # over 2 or 4 clients. The local-epoch sweep uses 4 clients and the same number of rounds.
 
 # %%
-fig3_rows, fig3_epoch_rows = [], []  # means per point; the tidy rows of the epoch sweep (per seed)
+fig3_rows, fig3_epoch_rows, fig3_seed_rows = [], [], []  # means per point; tidy rows of the epoch sweep; all rows
 for k in fig3_clients:
     setting = {"name": f"fig3-clients{k}", "n_train": fig3_n_train, "n_test": n_test, "per_domain": k // 4}
     build = lambda seed, k=k: digit_covariate_clients(fig3_n_train, n_test, seed, clients_per_domain=k // 4)
     r = run_methods(cache, setting, ["FedAvg", "FedICON"], seeds, build, "cnn2", train_cfg, tta_cfg)
     fig3_rows.append(mean_by_method(r).rename("accuracy").reset_index().assign(sweep="clients", value=k))
+    fig3_seed_rows.append(r.assign(sweep="clients", value=k))
 for e in fig3_epochs:
     cfg_e = TrainConfig(**{**train_cfg.__dict__, "local_epochs": e})
     setting = {"name": "fig3-clients4", "n_train": fig3_n_train, "n_test": n_test, "per_domain": 1}
@@ -174,17 +190,20 @@ for e in fig3_epochs:
     r = run_methods(cache, setting, ["FedAvg", "FedICON"], seeds, build, "cnn2", cfg_e, tta_cfg)
     fig3_rows.append(mean_by_method(r).rename("accuracy").reset_index().assign(sweep="local epochs", value=e))
     fig3_epoch_rows.append(r.assign(value=e))
+    fig3_seed_rows.append(r.assign(sweep="local epochs", value=e))
 fig3 = pd.concat(fig3_rows, ignore_index=True)
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
-for ax, sweep in zip(axes, ["clients", "local epochs"]):
-    for method, g in fig3[fig3.sweep == sweep].groupby("method"):
-        ax.plot(g.value, g.accuracy, marker="o", label=method)
-    ax.set(xlabel=f"number of {sweep}", ylabel="test accuracy (%)", title=f"digit domains, covariate shift")
-    ax.legend()
-fig.tight_layout()
+seed_rows = pd.concat(fig3_seed_rows, ignore_index=True)
+seed_rows = seed_rows[seed_rows["shift"] == "shifted"]
+fig, axes = plt.subplots(1, 2, figsize=(style.MAX_WIDTH, 3.6), sharey=True)
+for ax, sweep, values in zip(axes, ["clients", "local epochs"], [fig3_clients, fig3_epochs]):
+    style.errorbar_lines(ax, seed_rows[seed_rows.sweep == sweep], "value", "accuracy", hue="method")
+    ax.set(xlabel=f"number of {sweep}", ylabel="test accuracy (%)", title=f"accuracy vs {sweep}")
+    ax.set_xticks(values)  # integer values only
+fig.suptitle(f"FedICON Fig 3 shape: digit domains, covariate shift (±1 sd over {len(seeds)} seed(s); open: 1 seed)")
+style.legend_outside(axes[1], title="method")
 if not smoke:
     fig.savefig(out_dir / "fig3_clients_epochs.png", dpi=120)
-display(fig3.pivot_table(index=["sweep", "value"], columns="method", values="accuracy").round(2))
+display(tables.show(fig3.pivot_table(index=["sweep", "value"], columns="method", values="accuracy")))
 
 # %% [markdown]
 # ## Table 7 shape: digit domains under domain test-time shift (leave-one-domain-out)
@@ -203,7 +222,7 @@ for held_out in held_out_domains:
 rows_lodo = pd.concat([r.assign(client=h) for h, r in lodo.items()], ignore_index=True)  # mean over clients
 table7 = beside_paper(method_table(rows_lodo, table7_methods, held_out_domains),
                       paper_columns("table7", ["MNIST", "USPS", "MNIST-M"], table7_methods), "paper")
-display(table7)
+display(tables.show(table7))
 
 # %% [markdown]
 # ## Tables 2 and 5 shape: Office-Caltech-10, domain and covariate test-time shift (optional: `run_office`)
@@ -229,7 +248,7 @@ if run_office:
     table2 = method_table(office_rows, office_methods, list(OFFICE_CLIENT_DOMAINS))
     paper2 = paper_columns("table2", ["Amazon", "Caltech", "DSLR", "Webcam"], office_methods)
     table2_beside = beside_paper(table2, paper2, "paper (CNN, full size)")
-    display(table2_beside)
+    display(tables.show(table2_beside))
     office_means = mean_by_method(office_rows)
     setting = {"name": "office-covariate", "size": office_size, "test_fraction": office_test_fraction}
     build = lambda seed: office_covariate_clients(office_size, seed, office_test_fraction)
@@ -238,7 +257,7 @@ if run_office:
     table5 = method_table(office_cov_rows, office_methods, list(OFFICE_CLIENT_DOMAINS))
     paper5 = paper_columns("table5", ["Amazon", "Caltech", "DSLR", "Webcam"], office_methods)
     table5_beside = beside_paper(table5, paper5, "paper (CNN, full size)")
-    display(table5_beside)
+    display(tables.show(table5_beside))
     office_cov_means = mean_by_method(office_cov_rows)
 else:
     print("Office-Caltech-10 sections skipped (run_office=False)")
@@ -265,7 +284,7 @@ if run_cifar:
     paper4 = paper_columns("table4", ["dir0.1_original", "dir0.1_shifted", "dir1_original",
                                                       "dir1_shifted"], cifar_methods)
     table4_beside = table4.join(paper4.add_prefix("paper "))
-    display(table4_beside)
+    display(tables.show(table4_beside))
 else:
     print("CIFAR-10 section skipped (run_cifar=False)")
 

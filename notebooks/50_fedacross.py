@@ -72,6 +72,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+from ftta_core import style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.fedacross import (ClientSpec, PretrainSpec, build_model, load_fedacross, run_client,
                                  untrained_fedacross)
@@ -84,6 +85,7 @@ from ftta_core.paper import paper_table
 from ftta_core.workbook import format_mean_std, mean_std, over_seeds
 
 torch.set_num_threads(1)
+style.use()
 smoke = smoke_mode(smoke)
 if smoke:
     corruptions, n_stream, n_test, ks, client_epochs = corruptions[:2], 120, 100, [0, 3], 5
@@ -117,23 +119,26 @@ summary = per_seed_k.pivot_table(index="k", columns="selection", values="accurac
 covered = by_k.pivot_table(index="k", columns="selection", values="classes_covered", aggfunc="mean")
 if out is not None:
     by_k.to_csv(out / "cifar10c_accuracy_vs_k.csv", index=False)
-display(table_k)
-print("classes present in the support set (mean over clients):")
-covered.round(2)
+display(tables.show(table_k, caption="test accuracy (%), mean ± std over seeds"))
+tables.show(covered, caption="classes present in the support set (mean over clients)", best=None)
 
 # %%
 per_client = by_k[by_k.k > 0].pivot_table(index=["client", "k"], columns="selection", values="accuracy")
 spread = per_seed_k.pivot_table(index="k", columns="selection", values="accuracy", aggfunc="std")
 spread = spread.reindex_like(summary).fillna(0.0)  # one seed: no spread
-fig, ax = plt.subplots(figsize=(6, 3.8))
-for sel in summary.columns:
-    ax.errorbar(summary.index, summary[sel], yerr=spread[sel], marker="o", capsize=3, label=sel)
-ax.set(xlabel="k (labels per class of budget)", ylabel="test accuracy (%)", title="CIFAR-10 -> CIFAR-10-C clients")
-ax.legend()
-fig.tight_layout()
+fig, ax = plt.subplots(figsize=(8, 3.8))
+adapted_k = per_seed_k[per_seed_k.k > 0]
+style.errorbar_lines(ax, adapted_k, "k", "accuracy", hue="selection")
+source_k = per_seed_k[per_seed_k.k == 0].groupby("seed").accuracy.mean()  # k = 0: the server's classifier g
+if len(source_k):
+    ax.axhline(source_k.mean(), color="k", ls="--", lw=1, label="server classifier g (k = 0, no adaptation)")
+ax.set(xlabel="k (labels per class of budget)", ylabel="test accuracy (%)",
+       title=f"CIFAR-10 -> CIFAR-10-C clients (±1 sd over {len(seeds)} seed(s); open: 1 seed)")
+ax.set_xticks(sorted(adapted_k.k.unique()))
+style.legend_outside(ax, title="support selection")
 if out is not None:
     fig.savefig(out / "cifar10c_accuracy_vs_k.png", dpi=120)
-per_client.round(1)
+tables.show(per_client, digits=1, caption="accuracy (%) per client and k (mean over seeds)")
 
 # %% [markdown]
 # ## A joining client: start from the merged A or from the server's A
@@ -147,7 +152,7 @@ benefit = pd.concat([new_client_benefit(server, feats[s][:-1], feats[s][-1], max
                      .assign(seed=s) for s in seeds], ignore_index=True)
 if out is not None:
     benefit.to_csv(out / "new_client_benefit.csv", index=False)
-over_seeds(benefit, ["steps", "start"])[0]
+tables.show(over_seeds(benefit, ["steps", "start"])[0], caption="accuracy (%), mean ± std over seeds")
 
 # %% [markdown]
 # ## Office-Caltech-10: source domain -> other domains (the shape of the paper's Table 2)
@@ -166,13 +171,13 @@ if out is not None:
     office.to_csv(out / "office_caltech10.csv", index=False)
 office_mean = office.groupby(["pair", "k"], sort=False).accuracy.mean().reset_index()
 side = beside_paper(office_mean, paper_table("fedacross_table2"))
-side.round(1)
+tables.show(side, digits=1)
 
 # %%
 office_avg = office.groupby(["k", "seed"]).accuracy.agg(lambda a: a.mean(skipna=False)).reset_index()
 wide = over_seeds(office.dropna(subset=["accuracy"]), ["k", "pair"])[0]
 wide["Avg"] = format_mean_std(mean_std(office_avg, by="k"))
-wide
+tables.show(wide, caption="accuracy (%), mean ± std over seeds")
 
 # %% [markdown]
 # ## t-SNE of target features with prototypes (the paper's Fig 7)
@@ -188,7 +193,7 @@ adapted = run_client(server, c0.stream[idx], c0.stream_labels[idx], spec, None, 
 panels = {"(a) untrained backbone": (build_model(server.spec, seed), None),
           "(b) after source pre-training": (server, None),
           "(c) after client adaptation": (server, adapted)}
-fig, axes = plt.subplots(1, 3, figsize=(15, 4.6))
+fig, axes = style.panels(3, ncols=3, panel=(3.4, 3.6))
 for ax, (title, (m, res)) in zip(axes, panels.items()):
     pts = tsne_points(m, x_tsne, y_tsne, res, seed)
     img = pts[~pts.prototype]
@@ -196,7 +201,7 @@ for ax, (title, (m, res)) in zip(axes, panels.items()):
     pro = pts[pts.prototype]
     ax.scatter(pro.x, pro.y, c=pro.label, cmap="tab10", s=120, marker="s", edgecolors="k", vmin=0, vmax=9)
     ax.set(title=f"{title}\n{clients[seed][0].name}", xticks=[], yticks=[])
-fig.tight_layout()
+style.category_key(axes[-1], [str(c) for c in range(10)], cmap="tab10", title="class (squares: prototypes)")
 if out is not None:
     fig.savefig(out / "tsne.png", dpi=120)
 
@@ -211,7 +216,7 @@ costs = cost_table(server, max(ks))
 costs["bytes_up / full"] = costs["bytes_up"] / costs.loc["full fine-tuning (f, A, g)", "bytes_up"]
 if out is not None:
     costs.to_csv(out / "cost_per_client.csv")
-costs
+tables.show(costs, best=None)
 
 # %% [markdown]
 # ## Reading it

@@ -50,8 +50,10 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ftta_core.experiment import ExperimentConfig
 from IPython.display import Markdown
+
+from ftta_core import style, tables
+from ftta_core.experiment import ExperimentConfig
 
 from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
                                    run_leaderboard)
@@ -59,6 +61,7 @@ from ftta_core.leakage import collect_uploads, leakage_reading, leakage_table
 from ftta_core.notebooks import smoke_mode
 from ftta_core.workbook import run_strategy_grid
 
+style.use()
 smoke = smoke_mode(smoke)
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
@@ -82,11 +85,12 @@ if grid.empty:
     print("no stored runs yet: set compute=True")
 else:
     table = leaderboard_table(grid)
-    fig, ax = plt.subplots(figsize=(1.0 * len(strategies) + 3, 0.7 * len(locals_) + 2))
-    leaderboard_heatmap(table, ax=ax, title=f"accuracy after mixing (%), {base.dataset} {base.scenario}, "
-                                            f"mean ± 95% CI over up to {len(seeds)} seeds")
+    fig, ax = plt.subplots(figsize=(style.MAX_WIDTH, 0.6 * len(locals_) + 2))
+    leaderboard_heatmap(table, ax=ax, rows=locals_, columns=strategies,
+                        title=f"accuracy after mixing (%), {base.dataset} {base.scenario}, "
+                              f"mean ± 95% CI over up to {len(seeds)} seeds")
     fig.savefig(Path(figure_dir) / f"leaderboard_{base.scenario}.png", dpi=120, bbox_inches="tight")
-    display(table.head(15).round(2))
+    display(tables.show(table, caption="every stored cell, best first (95% CI: Student t over seeds)"))
 
 # %% [markdown]
 # How much each strategy adds over `local` (no collaboration) for each local method, in points, paired by seed (a
@@ -95,7 +99,7 @@ else:
 # %%
 if not grid.empty:
     gains = gains_over_local(grid)
-    display(gains.round(2))
+    display(tables.show(gains.rename(columns={"gain": "mean"}), caption="gain over local (points)"))
     display(Markdown(leaderboard_reading(table, gains, len(locals_), len(strategies), len(seeds), locals_)))
 
 # %% [markdown]
@@ -112,7 +116,7 @@ if other_grid.empty:
     print(f"no stored {other} runs")
 else:
     other_table = leaderboard_table(other_grid)
-    display(other_table.head(10).round(2))
+    display(tables.show(other_table, caption=f"{other}: every stored cell, best first"))
     display(Markdown(leaderboard_reading(other_table, gains_over_local(other_grid), len(locals_), len(strategies),
                                          len(seeds), locals_)))
 
@@ -126,11 +130,11 @@ else:
 cost_file = Path("../benchmarks/results/server_cost_cpu.json")
 if cost_file.exists():
     cost = json.loads(cost_file.read_text())
-    display(pd.DataFrame(cost["uploads"]).set_index("what"))
+    display(tables.show(pd.DataFrame(cost["uploads"]).set_index("what"), best=None))
 probe_cfg = dataclasses.replace(base, local="bn", local_params={}, strategy="fedctta", strategy_params={},
                                 max_steps=None)
 leak = leakage_table(collect_uploads(probe_cfg, max_steps=leakage_steps))
-display(leak.round(1))
+display(tables.show(leak, digits=1, best=None))
 print(leakage_reading(leak))
 
 # %% [markdown]
@@ -150,10 +154,31 @@ for p in participation_rates:
 rates = pd.concat(rates, ignore_index=True)
 if not rates.empty:
     curve = rates.groupby(["participation", "variant"]).accuracy.mean().unstack()
-    ax = curve.plot(marker="o", figsize=(7, 3.5))
-    ax.set(xlabel="participation rate p", ylabel="accuracy (%)", title="accuracy vs participation (TTA-bn)")
-    ax.figure.savefig(Path(figure_dir) / f"participation_{base.scenario}.png", dpi=120, bbox_inches="tight")
-    display(curve.round(2))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    style.errorbar_lines(ax, rates, "participation", "accuracy", hue="variant")
+    ax.set(xlabel="participation rate p", ylabel="accuracy (%)",
+           title=f"accuracy vs participation (TTA-bn, {rates.seed.nunique()} seed(s))")
+    style.legend_outside(ax, title="strategy (±1 sd; open: 1 seed)")
+    fig.savefig(Path(figure_dir) / f"participation_{base.scenario}.png", dpi=120, bbox_inches="tight")
+    display(tables.show(curve))
+
+# %% [markdown]
+# ## The papers' claims about their clients, in one table
+# Every claim of FedTSA's Table 1, FedCTTA's Table I and pFedBBN's Table 1 / Fig 5 that depends on how the clients
+# were run (TTA-grad BatchNorm and optimiser, FedCTTA's probe normalisation, FedAvgM's momentum, pFedBBN's
+# temperature), read from the stored runs: the paper's difference, ours paired by seed, the verdict (tie band 0.5
+# points) and the runs that settle it (`ftta_core.fidelity`, `ftta_core.temperature`; notebooks 10, 20 and 30 show
+# each group with its figures). A claim without stored runs says so.
+
+# %%
+from ftta_core import fidelity, temperature
+
+pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/runs/temperature",
+                                                          "../figures/pfedbbn/runs")
+claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows)
+display(tables.show(claims.set_index(["source", "claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
+                                                                          "verdict"]], best=None))
+display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]
 # ## Reading it
@@ -170,3 +195,26 @@ if not rates.empty:
 # per run on one core). CoTTA's row is missing: with its 32 augmented
 # teacher passes per step, no run of this 750-step protocol finished within 6 min on a shared H100 (an estimate,
 # not a measurement: 20-40 min per run, 1.5-3 GPU-hours for the row; `benchmarks/README.md`, "One H100, 2026-11-23").
+
+# %% [markdown]
+# ## Explore W of the stored runs
+# The leaderboard keeps one summary per run, not W over time. The explorer offers every stored run of the workbook
+# that kept W (the run folders under `figures/`), starting at one on this board's scenario where one is stored.
+# Rows and columns are ordered by the domain each client sees at the step shown, with white lines between the
+# domains and their names on the right, all on the fixed [0, 1] colour scale; beside it, the chosen client's row
+# of W over every step (red line: the step shown). In JupyterLab this is an interactive widget (run, step slider
+# with a play button, client; `ftta_core.explorer`); an executed copy (papermill, nbval) shows its static
+# version: W at a few steps spread over the run and the client's row over time.
+
+# %%
+from ftta_core.explorer import explore, find_runs
+from ftta_core.workbook import run_stored
+
+if smoke:  # the smoke config's strategies with W kept, a few steps in a temporary folder
+    explorer_root = Path(tempfile.mkdtemp())
+    run_stored(base, strategies, explorer_root, progress=False)
+else:
+    explorer_root = Path(results_dir).parents[1]  # ../figures: read, never written
+explorer_runs = find_runs(explorer_root)
+on_board = find_runs(explorer_root, where=lambda config: config.get("scenario") == base.scenario)
+view = explore(explorer_runs, run=next(iter(on_board), None))

@@ -48,3 +48,19 @@ def test_claims_table_without_runs_says_so(tmp_path):
     table = claims_table(tmp_path)
     assert set(table["verdict"]) == {"no run"}
     assert claims_reading(table).startswith("0 claim(s) hold, 0 do not")
+
+
+def test_cell_contrasts_change_one_factor_and_pair_seeds(tmp_path):
+    from ftta_core.fidelity import cell_contrasts, contrasts_reading
+
+    for cell, local, fedavg in (("grad", 70.0, 70.0), ("grad-running", 72.0, 65.0), ("grad-adam", 71.0, 71.0)):
+        _store(tmp_path, cell, "niid", "local", 0, local)
+        _store(tmp_path, cell, "niid", "fedavg", 0, fedavg)
+    c = cell_contrasts(tmp_path, strategies=("fedavg",)).set_index(["from", "to", "quantity"])
+    assert len(c) == 8  # 4 one-factor pairs x (Local, FedAvg - Local); the diagonal pairs are not contrasts
+    bn = c.loc[("batch (grad)", "running (grad-running)")]
+    assert bn.loc["Local", "change"] == 2.0 and bn.loc["FedAvg - Local", "change"] == -7.0
+    assert bn.loc["Local", "factor"] == "BN statistics" and bn.loc["Local", "kept"] == "sgd"
+    assert pd.isna(c.loc[("sgd (grad-running)", "adam (grad-running-adam)", "Local"), "change"])  # not run
+    assert contrasts_reading(cell_contrasts(tmp_path, strategies=("fedavg",))).startswith(
+        "BN statistics batch (grad) -> running (grad-running) (sgd kept) moves FedAvg - Local by -7.00")

@@ -264,3 +264,20 @@ def test_case_study_reading_orders_methods_and_reads_the_slot_from_its_tables():
     assert "FedTSA 0.50 (0.56), keeping 0.50 on itself" in text  # 0.25 / (1 - 0.5); 0.5 * 10 / 9
     assert "the same corruption (snow)" in text and "after seeing snow in slot 0" in text
     assert "clients 1-4 → clients 8-10 0.40" in text
+
+
+def test_stored_grid_runs_record_how_w_splits(tmp_path):
+    """Every stored grid run carries ``weight_shares``: Local keeps all weight on itself, FedAvg gives every peer 1/N
+    (so its same-domain share is the uniform one)."""
+    import json
+
+    from ftta_core.workbook import config_key
+
+    cfg = dataclasses.replace(SWEEP_BASE, scenario="heterogeneity", sh=0.5, th=0.2)
+    run_grid(cfg, {s: {"strategy": s} for s in ("local", "fedavg")}, [0], results_dir=tmp_path, progress=False)
+    shares = {s: json.loads((tmp_path / f"{config_key(dataclasses.replace(cfg, strategy=s))}.json").read_text())
+              ["weight_shares"] for s in ("local", "fedavg")}
+    assert shares["local"]["self"] == 1.0 and shares["local"]["same domain"] == 0.0
+    n = cfg.clients
+    assert shares["fedavg"]["self"] == pytest.approx(1 / n, abs=1e-5)
+    assert shares["fedavg"]["same domain"] == pytest.approx(shares["fedavg"]["uniform same-domain"], abs=1e-5)
