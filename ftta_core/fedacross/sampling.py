@@ -3,8 +3,12 @@
 Where we differ from FedAcross+'s eq. 6 and from the authors' VeSSAL code (cairo-thws/fed_streaming, ``vessal.py``;
 also listed in ``notebooks/50_fedacross.ipynb``):
 
-- The embedding u is whatever the caller passes; the notebook passes tau = A(f(x)) of the server model (A in eval
-  mode) on the untransformed stream image (``study.support_indices``), where eq. 6 embeds the transformed T(x_t).
+- The embedding u is whatever the caller passes; by default ``study.support_indices`` passes tau = A(f(x)) of the
+  server model (A in eval mode) on the untransformed stream image, where eq. 6 embeds the transformed T(x_t);
+  ``support_indices(..., view="augmented")`` embeds tau(T(x_t)) as eq. 6 does (one draw of T per item).
+- The budget is k * L labels in all; ``vessal_select_per_class`` (an option) fills k per class instead: a class
+  that already has k labels takes no more (the sampler's draw is skipped), and classes still short when the stream
+  ends are filled at random from their unselected items (fed_streaming's ``fill_random``, per class).
 - q_t is the ideal rate (budget - selected) / (n - t), and S^-1 starts at ``init_scale`` * I (100, fed_streaming's
   ``cov_inv_scaling``) with a Sherman-Morrison update per selected item (fed_streaming's Woodbury update, which is
   the same for rank-1 embeddings); tr(C S^-1) is kept up to date incrementally (the same quantity up to rounding).
@@ -70,11 +74,12 @@ class VolumeSampler:
         zeta = rate / self.trace if self.trace > 0 else 0.0
         return min(1.0, abs(zeta) * abs(q))
 
-    def observe(self, u: torch.Tensor) -> bool:
-        """Decide on the next stream item with embedding ``u``; True if it is to be labelled."""
+    def observe(self, u: torch.Tensor, allowed: bool = True) -> bool:
+        """Decide on the next stream item with embedding ``u``; True if it is to be labelled. ``allowed=False``
+        (e.g. its class is full) skips the draw: the item only enters the running covariance."""
         p = self.probability(u)
         self.probabilities.append(p)
-        take = len(self.selected) < self.budget and bool(self.gen.random() < p)
+        take = allowed and len(self.selected) < self.budget and bool(self.gen.random() < p)
         if take:
             u = u.detach().double().flatten()
             v = self.inv @ u
@@ -92,6 +97,26 @@ def vessal_select(embeddings: torch.Tensor, budget: int, gen: np.random.Generato
     for u in embeddings:
         sampler.observe(u)
     return np.asarray(sampler.selected, dtype=np.int64)
+
+
+def vessal_select_per_class(embeddings: torch.Tensor, labels: np.ndarray, k: int, num_classes: int,
+                            gen: np.random.Generator, init_scale: float = 100.0) -> np.ndarray:
+    """VeSSAL with a k-per-class quota (budget k * L): an item of a class that has k labels is not drawn for;
+    classes short at the end of the stream are filled at random from their unselected items (as far as the pool
+    allows). Sorted stream positions."""
+    if k < 0:
+        raise ValueError(f"k must be non-negative, got {k}")
+    labels = np.asarray(labels)
+    sampler = VolumeSampler(embeddings.shape[1], k * num_classes, embeddings.shape[0], gen, init_scale)
+    counts = np.zeros(num_classes, np.int64)
+    for u, y in zip(embeddings, labels):
+        if sampler.observe(u, allowed=counts[y] < k):
+            counts[y] += 1
+    picked = np.asarray(sampler.selected, dtype=np.int64)
+    fills = [gen.choice(np.setdiff1d(np.flatnonzero(labels == c), picked), min(k - counts[c],
+                        int((labels == c).sum()) - counts[c]), replace=False) for c in range(num_classes)
+             if counts[c] < k]
+    return np.sort(np.concatenate([picked, *fills])).astype(np.int64)
 
 
 def random_select(n_items: int, budget: int, gen: np.random.Generator) -> np.ndarray:

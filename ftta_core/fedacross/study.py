@@ -1,20 +1,23 @@
-"""The notebook's experiments: accuracy vs k with and without stream sampling, new-client benefit, costs, t-SNE."""
+"""The notebook's experiments: accuracy vs k with and without stream sampling, new-client benefit, costs, t-SNE,
+and the A2 settling comparison (``a2_settling``: g, untrained-A prototypes, A trained as Algorithm 1, with early
+stopping; ``python -m ftta_core.fedacross.study --help`` runs it on CIFAR-10-C)."""
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
 from ..data.base import ImageArray
-from ..rng import numpy_generator
-from .client import (ClientResult, ClientSpec, accuracy, backbone_features, embed_features, merge_adapters, predict,
-                     run_client)
+from ..rng import numpy_generator, torch_generator
+from .augment import AugmentSpec
+from .client import (ClientResult, ClientSpec, EarlyStop, accuracy, augmented_features, backbone_features,
+                     embed_features, merge_adapters, predict, run_client)
 from .model import FedAcrossNet, count_parameters
-from .sampling import SELECTIONS, balanced_select, random_select, vessal_select
+from .sampling import SELECTIONS, balanced_select, random_select, vessal_select, vessal_select_per_class
 
 
 @dataclass
@@ -28,13 +31,15 @@ class ClientData:
 
 @dataclass
 class ClientFeatures:
-    """Backbone features f(x) of a client's stream and test images (f is frozen, so computed once)."""
+    """Backbone features f(x) of a client's stream and test images (f is frozen, so computed once); the stream
+    images themselves ([n, 3, H, W] in [0, 1]) when kept, for Algorithm 1's per-batch augmentation."""
 
     name: str
     stream: torch.Tensor
     stream_labels: torch.Tensor
     test: torch.Tensor
     test_labels: torch.Tensor
+    stream_images: Optional[torch.Tensor] = None
 
 
 def cifar10c_clients(corruptions: Sequence[str], n_stream: int, n_test: int, severity: int = 5, seed: int = 0,
@@ -66,16 +71,29 @@ def domain_split(data: ImageArray, n_test: int, seed: int, *keys: object) -> Cli
                       data.subset(order[:n_test], f"{data.name}/test"))
 
 
-def client_features(model: FedAcrossNet, client: ClientData) -> ClientFeatures:
-    """f(x) of the client's stream and test images."""
+def client_features(model: FedAcrossNet, client: ClientData, keep_images: bool = False) -> ClientFeatures:
+    """f(x) of the client's stream and test images (and the stream images if ``keep_images``)."""
     xs, ys = client.stream.tensors()
     xt, yt = client.test.tensors()
-    return ClientFeatures(client.name, backbone_features(model, xs), ys, backbone_features(model, xt), yt)
+    return ClientFeatures(client.name, backbone_features(model, xs), ys, backbone_features(model, xt), yt,
+                          xs if keep_images else None)
+
+
+VIEWS = ("clean", "augmented")
 
 
 def support_indices(selection: str, model: FedAcrossNet, feats: ClientFeatures, k: int, seed: int,
-                    *keys: object) -> np.ndarray:
-    """Stream positions to label for a k-shot budget of k * L labels ('balanced' is the paper's static k-shot set)."""
+                    *keys: object, view: str = "clean", per_class: bool = False,
+                    augment: AugmentSpec = AugmentSpec()) -> np.ndarray:
+    """Stream positions to label for a k-shot budget of k * L labels ('balanced' is the paper's static k-shot set).
+
+    VeSSAL options: ``view='augmented'`` embeds tau(T(x)) (eq. 6's x-tilde: one draw of T per stream item, from
+    its own generator; needs ``feats.stream_images``), 'clean' tau(x) (the default); ``per_class=True`` fills k per
+    class (``sampling.vessal_select_per_class``; it reads the labels of the items it labels)."""
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+    if (view != "clean" or per_class) and selection != "vessal":
+        raise ValueError(f"view and per_class are VeSSAL options; selection {selection!r} takes neither")
     num_classes = model.spec.num_classes
     gen = numpy_generator(seed, "fedacross", "select", selection, k, *[str(x) for x in keys])
     if selection == "balanced":
@@ -83,16 +101,31 @@ def support_indices(selection: str, model: FedAcrossNet, feats: ClientFeatures, 
     if selection == "random":
         return random_select(len(feats.stream_labels), k * num_classes, gen)
     if selection == "vessal":
-        return vessal_select(embed_features(model, feats.stream), k * num_classes, gen)
+        stream = feats.stream
+        if view == "augmented":
+            if feats.stream_images is None:
+                raise ValueError("view='augmented' needs the stream images: client_features(..., keep_images=True)")
+            stream = augmented_features(model, feats.stream_images, augment,
+                                        torch_generator(seed, "fedacross", "select-view", k, *[str(x) for x in keys]))
+        emb = embed_features(model, stream)
+        if per_class:
+            return vessal_select_per_class(emb, feats.stream_labels.numpy(), k, num_classes, gen)
+        return vessal_select(emb, k * num_classes, gen)
     raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
 
 
 def evaluate_client(model: FedAcrossNet, feats: ClientFeatures, idx: np.ndarray, spec: ClientSpec, seed: int,
                     start: Optional[Dict[str, torch.Tensor]] = None, *keys: object) -> tuple:
-    """Adapt on the support items ``idx`` (none: no adaptation) and return (accuracy on the test set, result)."""
+    """Adapt on the support items ``idx`` (none: no adaptation) and return (accuracy on the test set, result).
+    With ``spec.augment_through_backbone`` the support images come from ``feats.stream_images``."""
     if len(idx) == 0:
         return accuracy(predict(model, None, feats.test), feats.test_labels), None
-    result = run_client(model, feats.stream[idx], feats.stream_labels[idx], spec, start, seed, *keys)
+    images = None
+    if spec.augment_through_backbone:
+        if feats.stream_images is None:
+            raise ValueError("augment_through_backbone needs the stream images: client_features(..., keep_images=True)")
+        images = feats.stream_images[idx]
+    result = run_client(model, feats.stream[idx], feats.stream_labels[idx], spec, start, seed, *keys, images=images)
     return accuracy(predict(model, result, feats.test), feats.test_labels), result
 
 
@@ -247,3 +280,112 @@ def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_av
         parts.append(f"**Cost**: a client trains {int(row['parameters_trained']):,} parameters and sends "
                      f"{100 * row['bytes_up / full']:.1f}% of the bytes full fine-tuning would.")
     return "\n\n".join(parts) if parts else "No stored results to read."
+
+
+A2_VARIANTS = ("g (source classifier)", "prototypes, server A", "prototypes, A on cached features",
+               "prototypes, A as Alg. 1", "prototypes, A as Alg. 1 + early stop")
+"""The A2 comparison: g without adaptation; nearest-prototype inference (eq. 5) with the server's A untrained, with
+A trained on cached unaugmented features (our earlier runs), trained as Algorithm 1 (per-batch T through the frozen
+backbone), and as Algorithm 1 with early stopping."""
+
+
+def a2_variant_specs(spec: ClientSpec, early_stop: EarlyStop) -> Dict[str, Optional[ClientSpec]]:
+    """The client spec of each A2 variant (None: g, no support set); epochs, lr, batch size from ``spec``."""
+    plain = replace(spec, augment_through_backbone=False, early_stop=None)
+    alg1 = replace(spec, augment_through_backbone=True, early_stop=None)
+    stopped = replace(alg1, early_stop=early_stop)
+    return dict(zip(A2_VARIANTS, (None, replace(plain, max_steps=0), plain, alg1, stopped)))
+
+
+def a2_settling(model: FedAcrossNet, clients_by_seed: Mapping[int, Sequence[ClientFeatures]], ks: Sequence[int],
+                spec: ClientSpec = ClientSpec(), early_stop: EarlyStop = EarlyStop(), selection: str = "balanced",
+                variants: Sequence[str] = A2_VARIANTS, view: str = "clean", per_class: bool = False,
+                log=None) -> pd.DataFrame:
+    """One row per (seed, client, k, variant): test accuracy (%), labels, and what training did (steps, epochs,
+    kept epoch, backbone batches). g has k = 0. Every trained variant of a (seed, client, k) uses the same support
+    set and the same batch-order generator, so variants are paired. Clients need ``stream_images`` for the Alg. 1
+    variants. Early stopping with the hold-out rule cannot run at k <= ``early_stop.val_per_class``: its rows are
+    NaN with a note. ``log``: optional callable(str) for progress."""
+    unknown = set(variants) - set(A2_VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; choose from {A2_VARIANTS}")
+    specs = a2_variant_specs(spec, early_stop)
+    rows = []
+    for seed, clients in clients_by_seed.items():
+        for c in clients:
+            base = {"seed": seed, "client": c.name, "selection": selection}
+            if "g (source classifier)" in variants:
+                acc, _ = evaluate_client(model, c, np.zeros(0, np.int64), spec, seed)
+                rows.append({**base, "k": 0, "variant": A2_VARIANTS[0], "labels": 0, "accuracy": acc})
+            for k in (k for k in ks if k > 0):
+                idx = support_indices(selection, model, c, k, seed, c.name, view=view, per_class=per_class)
+                for name in (v for v in A2_VARIANTS[1:] if v in variants):
+                    row = {**base, "k": k, "variant": name, "labels": len(idx)}
+                    vspec = specs[name]
+                    es = vspec.early_stop
+                    if es is not None and es.rule == "holdout" and \
+                            torch.bincount(c.stream_labels[idx]).max() <= es.val_per_class:
+                        rows.append({**row, "accuracy": float("nan"), "note": "no hold-out item"})
+                        continue
+                    acc, result = evaluate_client(model, c, idx, vspec, seed, None, c.name, k, selection)
+                    tl = result.log
+                    rows.append({**row, "accuracy": acc, "steps": tl.steps, "epochs": tl.epochs,
+                                 "best_epoch": tl.best_epoch, "backbone_batches": tl.backbone_batches})
+                    if log is not None:
+                        log(f"seed {seed} {c.name} k={k} {name}: {acc:.2f}% ({tl.steps} steps)")
+    cols = ["seed", "client", "selection", "k", "variant", "labels", "accuracy", "steps", "epochs", "best_epoch",
+            "backbone_batches", "note"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def a2_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Mean over clients per (variant, k, seed), then mean and std over seeds: the A2 table."""
+    per_seed = table.groupby(["variant", "k", "seed"]).accuracy.mean()
+    return per_seed.groupby(["variant", "k"]).agg(["mean", "std", "count"]).rename(columns={"count": "seeds"})
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """CLI: the A2 settling study on CIFAR-10-C (notebook 50's clients) with the stored server checkpoint."""
+    import argparse
+    import time
+    from pathlib import Path
+
+    from .pretrain import load_fedacross
+
+    ap = argparse.ArgumentParser(prog="python -m ftta_core.fedacross.study", description=main.__doc__)
+    ap.add_argument("--out", required=True, help="CSV file for the per-client table (a summary CSV goes beside it)")
+    ap.add_argument("--checkpoint", default="fedacross_resnet18_cifar10")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--corruptions", nargs="+",
+                    default=["gaussian_noise", "defocus_blur", "snow", "contrast", "jpeg_compression"])
+    ap.add_argument("--severity", type=int, default=5)
+    ap.add_argument("--n-stream", type=int, default=1000)
+    ap.add_argument("--n-test", type=int, default=1000)
+    ap.add_argument("--ks", type=int, nargs="+", default=[3, 5, 10])
+    ap.add_argument("--epochs", type=int, default=200)
+    ap.add_argument("--patience", type=int, default=10)
+    ap.add_argument("--selection", default="balanced", choices=SELECTIONS)
+    ap.add_argument("--view", default="clean", choices=VIEWS)
+    ap.add_argument("--per-class", action="store_true")
+    ap.add_argument("--variants", nargs="+", default=list(A2_VARIANTS), choices=A2_VARIANTS)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.time()
+    server = load_fedacross(args.checkpoint)
+    clients = {s: [client_features(server, c, keep_images=True)
+                   for c in cifar10c_clients(args.corruptions, args.n_stream, args.n_test, args.severity, s)]
+               for s in args.seeds}
+    table = a2_settling(server, clients, args.ks, ClientSpec(epochs=args.epochs), EarlyStop(patience=args.patience),
+                        args.selection, args.variants, args.view, args.per_class, log=print)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out, index=False)
+    summary = a2_summary(table)
+    summary.to_csv(out.with_name(out.stem + "_summary.csv"))
+    print(summary.to_string())
+    print(f"wrote {out} in {time.time() - start:.0f} s (torch threads {args.threads}, argv {vars(args)})")
+
+
+if __name__ == "__main__":
+    main()
