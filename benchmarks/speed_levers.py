@@ -5,6 +5,9 @@
    grid over one stream), for TTA-bn + FedAvg and TTA-bn + FedTSA (rounds computed ahead, the protocol's default).
 2. All-parameter Tent (SGD 1e-4): the loop bank vs the vectorized bank with per-client convolutions as one grouped
    convolution ('grouped', before) or one convolution per client ('split', now the CPU default).
+3. FedCTTA's probe pass (TTA-bn, its defaults: 64 shared noise probes, ``probe_bn='client'``): the probes expanded to
+   N copies through the whole model ('reference', before) vs ``ClientBank.forward_shared`` ('shared': the layers
+   before the first BatchNorm once on the 64 probes).
 
 Variants are timed in alternation (``--rounds`` rounds of ``--steps`` steps each, after a warm-up) so that load from
 other processes falls on all of them alike; the ratios compare within one run.
@@ -42,13 +45,15 @@ def resnet8():
 
 
 def make_engine(local: tuple, strategy: str, backend: str, device: str, n_clients: int,
-                cache: SourceCache | None = None, conv: str | None = None) -> Engine:
+                cache: SourceCache | None = None, conv: str | None = None, shared_probes: bool = True) -> Engine:
     """An engine on the ResNet-8 (seeded) with ``local`` = (name, params), ``strategy`` at its defaults; FedTSA
     computes its rounds ahead on one server thread (every engine alike, whatever torch's thread count)."""
     engine = Engine(resnet8(), build_local(local[0], **local[1]), build_strategy(strategy),
                     n_clients, backend, device, source_cache=cache, server_threads=1 if strategy == "fedtsa" else 0)
     if conv is not None:
         engine.bank.set_per_client_conv(conv)
+    if strategy == "fedctta":
+        engine.strategy._shared_pass = shared_probes
     return engine
 
 
@@ -124,6 +129,10 @@ def main() -> None:
     record("per-client conv", "Tent (all params)", speeds, "grouped", "split")
     rows[-1]["split_over_loop"] = round(speeds["split"] / speeds["loop"], 2)
     rows[-1]["grouped_over_loop"] = round(speeds["grouped"] / speeds["loop"], 2)
+    engines = {"reference": make_engine(("bn", {}), "fedctta", "vectorized", dev, n, shared_probes=False),
+               "shared": make_engine(("bn", {}), "fedctta", "vectorized", dev, n)}
+    record("probe pass", "TTA-bn + fedctta", timed_in_alternation(engines, data, args.steps, args.rounds),
+           "reference", "shared")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = "python benchmarks/speed_levers.py " + " ".join(sys.argv[1:])
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []

@@ -1,5 +1,5 @@
-"""Speed levers (issue 26) give the results of the reference path: the source-output cache and the per-client
-convolution of the vectorized bank."""
+"""Speed levers (issue 26) give the results of the reference path: the source-output cache, the per-client
+convolution of the vectorized bank and FedCTTA's shared probe pass."""
 import copy
 
 import numpy as np
@@ -12,6 +12,7 @@ from ftta_core.engine.source_cache import SourceCache, stream_key
 from ftta_core.scenarios import client_image_pools, fedtsa_scenario
 from ftta_core.stream import CLEAN, CorruptedDomains, Stream
 from ftta_core.strategies import build_strategy
+from ftta_core.strategies.fedctta import PROBE_BN, PROBE_UPLOAD, FedCTTA
 from ftta_core.tta import build_local
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -122,3 +123,98 @@ def test_runs_built_with_the_cache_switch_reuse_the_source_outputs(tmp_path, mon
     files = list(tmp_path.glob("*.pt"))
     assert len(files) == 1
     assert run_experiment(cfg).summary["accuracy"] == first == plain
+
+
+class _RecordingFedCTTA(FedCTTA):
+    """FedCTTA keeping every probe statistic it uploads."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.recorded = []
+
+    def probe_uploads(self, bank, local, x, step):
+        out = super().probe_uploads(bank, local, x, step)
+        self.recorded.append(out[PROBE_UPLOAD])
+        return out
+
+
+@pytest.mark.parametrize("backend", ["vectorized", "loop"])
+@pytest.mark.parametrize("probe_bn", PROBE_BN)
+@pytest.mark.parametrize("local", [("bn", {}), ("tent", {"params": "bn_affine", "optimizer": "sgd", "lr": 1e-2})])
+def test_fedctta_shared_probe_pass_gives_the_reference_statistics_and_w(digits_model, backend, probe_bn, local):
+    """Shared probes through ``ClientBank.forward_shared`` (the layers before the first client-dependent one once)
+    give the reference pass's probe statistics (N expanded copies through the whole model) and W, to 1e-6, for
+    every ``probe_bn`` mode, TTA-bn and BN-affine Tent (per-client BatchNorm weights), both backends."""
+    from conftest import shifted_batches
+
+    batches = shifted_batches(n_clients=4, batch=8, steps=3)
+
+    def run(shared_pass: bool):
+        torch.manual_seed(0)
+        strategy = _RecordingFedCTTA(n_probes=6, probe_bn=probe_bn, seed=1)
+        strategy._shared_pass = shared_pass
+        engine = Engine(digits_model, build_local(local[0], **local[1]), strategy, 4, backend)
+        weights = [engine.step(b).weights for b in batches]
+        return torch.stack(strategy.recorded), np.stack(weights), engine.bank.get_params()
+
+    ref_stats, ref_w, ref_params = run(False)
+    stats, w, params = run(True)
+    assert stats.shape == (3, 4, 10)
+    assert torch.allclose(stats, ref_stats, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(w, ref_w, atol=1e-6, rtol=0)
+    for name, value in ref_params.items():
+        assert torch.allclose(params[name], value, atol=1e-6, rtol=0), name
+
+
+def test_forward_shared_equals_forward_on_expanded_inputs(digits_model):
+    """``forward_shared`` = ``forward`` of the inputs copied to every client, in every BN mode; a batch-mode pass
+    records the same per-client statistics [N, 2, C]; the layers get their ``shared_rows`` back."""
+    from ftta_core.engine.bank import VectorizedBank, bn_layer_names
+    from ftta_core.engine.layers import ClientBatchNorm2d
+
+    x = torch.rand(3, 5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    z = torch.rand(7, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    # no per-client weight (source and batch modes stay shared to the end), or the first BatchNorm's own per client
+    for trainable in ((), [f"{bn_layer_names(digits_model)[0]}.weight"]):
+        bank = VectorizedBank(digits_model, 3, trainable=trainable)
+        bank.forward(x, "batch")
+        stats = bank.bn_stats()
+        for mode in ("source", "batch", "given"):
+            bank.set_bn_stats(stats)
+            want = bank.forward(z.unsqueeze(0).expand(3, *z.shape), mode)
+            want_stats = bank.bn_stats()
+            got = bank.forward_shared(z, mode)
+            assert got.logits.shape == (3, 7, 10)
+            assert torch.allclose(got.logits, want.logits, atol=1e-6, rtol=0), (trainable, mode)
+            assert torch.allclose(got.features, want.features, atol=1e-6, rtol=0), (trainable, mode)
+            if mode == "batch":
+                for name, value in bank.bn_stats().items():
+                    assert value.shape == want_stats[name].shape
+                    assert torch.allclose(value, want_stats[name], atol=1e-6, rtol=0)
+        assert all(m.shared_rows is None for m in bank.module.modules() if isinstance(m, ClientBatchNorm2d))
+
+
+class _ResidualNet(torch.nn.Module):
+    """A BatchNorm branch added to a branch without one: shared and per-client activations meet in the add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4)
+        self.skip, self.fc = torch.nn.Conv2d(3, 4, 1), torch.nn.Linear(4, 3)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)) + self.skip(x)).mean((2, 3))
+
+
+def test_forward_shared_falls_back_to_the_reference_pass_where_shared_and_per_client_activations_meet():
+    from ftta_core.engine.bank import VectorizedBank
+
+    torch.manual_seed(0)
+    bank = VectorizedBank(_ResidualNet().eval(), 3)
+    bank.forward(torch.rand(3, 5, 3, 8, 8, generator=torch.Generator().manual_seed(0)), "batch")
+    bank.set_bn_stats(bank.bn_stats())
+    z = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+    want = bank.forward(z.unsqueeze(0).expand(3, *z.shape), "given").logits
+    assert torch.allclose(bank.forward_shared(z, "given").logits, want, atol=1e-6, rtol=0)
+    assert torch.allclose(bank.forward_shared(z, "source").logits,  # nothing per client: shared to the end
+                          bank.forward(z.unsqueeze(0).expand(3, *z.shape), "source").logits, atol=1e-6, rtol=0)

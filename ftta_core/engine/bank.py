@@ -16,7 +16,7 @@ from torch import nn
 from torch.func import functional_call
 
 from .layers import (BN_MODES, PER_CLIENT_CONV, ClientBatchNorm2d, ClientConv2d, ClientLinear, Normaliser,
-                     StatBatchNorm2d)
+                     StatBatchNorm2d, expand_clients)
 from ..validation import check_choice
 
 
@@ -89,6 +89,11 @@ class ClientBank(ABC):
     @abstractmethod
     def forward(self, x: torch.Tensor, bn_mode: str, params: Optional[Dict[str, torch.Tensor]] = None) -> ForwardOutput:
         """Run every client on its batch ``x`` [N,B,C,H,W]; ``params`` overrides named parameters [N,...]."""
+
+    def forward_shared(self, z: torch.Tensor, bn_mode: str) -> ForwardOutput:
+        """Every client on the same inputs ``z`` [M,C,H,W]: ``forward`` of ``z`` expanded to [N,M,C,H,W] (to float
+        rounding; FedCTTA's shared probes). Backends may skip the work that does not depend on the client."""
+        return self.forward(z.unsqueeze(0).expand(self.n_clients, *z.shape), bn_mode)
 
     @abstractmethod
     def adapt(self, x: torch.Tensor, loss_fn: LossFn, bn_mode: str = "batch") -> ForwardOutput:
@@ -190,6 +195,27 @@ class VectorizedBank(ClientBank):
             logits, feats = functional_call(self.module, {f"net.{k}": v for k, v in params.items()}, (flat,))
         else:
             logits, feats = self.module(flat)
+        return ForwardOutput(logits.view(n, b, -1), feats.view(n, b, -1))
+
+    def forward_shared(self, z: torch.Tensor, bn_mode: str) -> ForwardOutput:
+        """Every client on the same inputs ``z`` [M,C,H,W], the layers before the first client-dependent one (a
+        BatchNorm, a per-client weight) run once on the M inputs instead of N times (``layers.shared_input``)."""
+        self._set_mode(bn_mode)
+        layers = [m for m in self.module.modules() if isinstance(m, (ClientConv2d, ClientLinear, ClientBatchNorm2d))]
+        for m in layers:
+            m.shared_rows = z.shape[0]
+        try:
+            logits, feats = self.module(z)
+        except RuntimeError:  # shared and per-client activations met (e.g. a residual add): the reference pass
+            logits = feats = None
+        finally:
+            for m in layers:
+                m.shared_rows = None
+        if logits is None:
+            return super().forward_shared(z, bn_mode)
+        n, b = self.n_clients, z.shape[0]
+        if n > 1 and logits.shape[0] == b:  # no client-dependent layer at all: the same outputs for every client
+            logits, feats = expand_clients(logits, n), expand_clients(feats, n)
         return ForwardOutput(logits.view(n, b, -1), feats.view(n, b, -1))
 
     def adapt(self, x: torch.Tensor, loss_fn: LossFn, bn_mode: str = "batch") -> ForwardOutput:

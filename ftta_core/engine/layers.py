@@ -44,6 +44,17 @@ def custom_statistics(bn: nn.Module, xv: torch.Tensor, clients: slice) -> Tuple[
     return mean, var
 
 
+def expand_clients(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Inputs ``x`` [B, ...] shared by ``n`` clients as the per-client rows [n*B, ...] (client-major)."""
+    return x.unsqueeze(0).expand(n, *x.shape).reshape(n * x.shape[0], *x.shape[1:])
+
+
+def shared_input(layer: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``x`` holds ``layer.shared_rows`` inputs common to all clients (``VectorizedBank.forward_shared``)
+    rather than each client's rows: the layers before the first client-dependent one ran once for all clients."""
+    return layer.shared_rows is not None and layer.n_clients > 1 and x.shape[0] == layer.shared_rows
+
+
 def _stack(t: Optional[torch.Tensor], n: int, per_client: bool) -> Optional[nn.Parameter]:
     if t is None:
         return None
@@ -77,10 +88,13 @@ class ClientConv2d(nn.Module):
         self.weight = _stack(conv.weight, n_clients, per_client)
         self.bias = _stack(conv.bias, n_clients, per_client)
         self.kernel: Optional[str] = None
+        self.shared_rows: Optional[int] = None  # set during VectorizedBank.forward_shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.per_client:
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        if shared_input(self, x):
+            x = expand_clients(x, self.n_clients)
         kernel = self.kernel or default_per_client_conv(x.device)
         if kernel == "split":
             return self._split(x)
@@ -110,10 +124,13 @@ class ClientLinear(nn.Module):
         self.n_clients, self.per_client = n_clients, per_client
         self.weight = _stack(linear.weight, n_clients, per_client)
         self.bias = _stack(linear.bias, n_clients, per_client)
+        self.shared_rows: Optional[int] = None  # set during VectorizedBank.forward_shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.per_client:
             return F.linear(x, self.weight, self.bias)
+        if shared_input(self, x):
+            x = expand_clients(x, self.n_clients)
         n = self.n_clients
         xv = x.view(n, x.shape[0] // n, x.shape[1])
         out = torch.bmm(xv, self.weight.transpose(1, 2))
@@ -137,17 +154,25 @@ class ClientBatchNorm2d(nn.Module):
         self.last: Optional[torch.Tensor] = None  # [N, 2, C] recorded in batch and custom modes
         self.layer = ""  # the layer's name in the model (set by the bank; passed to the normaliser)
         self.normaliser: Optional[Normaliser] = None
+        self.shared_rows: Optional[int] = None  # set during VectorizedBank.forward_shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.n_clients
+        shared = shared_input(self, x)
+        if shared and self.mode == "custom":  # a normaliser may keep per-client state: give it each client's rows
+            x, shared = expand_clients(x, n), False
         nb, c = x.shape[:2]
-        xv = x.view(n, nb // n, c, -1)
+        # a shared input (forward_shared) is one client's rows [1, B, C, HW]: what does not depend on the client
+        # (batch or source statistics, a shared affine) is computed once and broadcasts against what does; the
+        # output stays shared [B, ...] when nothing did, else [n*B, ...]
+        rows = 1 if shared else n
+        xv = x.view(rows, nb // rows, c, -1)
         if self.mode == "batch":
             # two passes (mean, then mean squared deviation): 3-5x faster on the CPU than var_mean over the
             # non-adjacent dims (1, 3), and as accurate (both ~1e-7 from a float64 reference)
             mean = xv.mean(dim=(1, 3))
             var = (xv - mean[:, None, :, None]).square().mean(dim=(1, 3))
-            self.last = torch.stack([mean, var], 1).detach()
+            self.last = torch.stack([mean, var], 1).detach().expand(n, 2, c).contiguous()
         elif self.mode == "given":
             if self.given is None:
                 raise RuntimeError("BN mode 'given' needs statistics: call set_bn_stats first")
@@ -156,13 +181,13 @@ class ClientBatchNorm2d(nn.Module):
             mean, var = custom_statistics(self, xv, slice(None))
             self.last = torch.stack([mean, var], 1).detach()
         else:
-            mean = self.running_mean.expand(n, c)
-            var = self.running_var.expand(n, c)
-        weight = self.weight if self.per_client else self.weight.expand(n, c)
-        bias = self.bias if self.per_client else self.bias.expand(n, c)
+            mean = self.running_mean.expand(rows, c)
+            var = self.running_var.expand(rows, c)
+        weight = self.weight if self.per_client else self.weight.expand(rows, c)
+        bias = self.bias if self.per_client else self.bias.expand(rows, c)
         scale = weight * torch.rsqrt(var + self.eps)
         shift = bias - mean * scale
-        return (xv * scale[:, None, :, None] + shift[:, None, :, None]).view_as(x)
+        return (xv * scale[:, None, :, None] + shift[:, None, :, None]).view(-1, *x.shape[1:])
 
 
 class StatBatchNorm2d(nn.BatchNorm2d):

@@ -110,6 +110,9 @@ class FedCTTA(ClientHooks, Strategy):
 
     name = "fedctta"
     needs = (PROBE_UPLOAD,)
+    # probes shared by all clients run through ``ClientBank.forward_shared`` (the layers before the first
+    # client-dependent one once, not N times); False: the reference pass over N copies (tests/test_speed_levers.py)
+    _shared_pass = True
 
     def __init__(self, n_probes: int = 64, probes: str = "shared", on: str = "logits", distance: str = "euclidean",
                  temperature: float = 1.0, ema: Optional[float] = None, interval: int = 1, probe_bn: str = "client",
@@ -164,21 +167,28 @@ class FedCTTA(ClientHooks, Strategy):
                                        generator=torch_generator(self.seed, "fedctta-probes", step, i))
                             for i in range(n_clients)])
 
+    def _forward(self, bank: ClientBank, probes: torch.Tensor, bn_mode: str) -> ForwardOutput:
+        """``bank.forward(probes, bn_mode)``; one set viewed by all clients (stride 0, ``probe_inputs``' shared
+        sets) goes through ``bank.forward_shared`` once."""
+        if self._shared_pass and probes.shape[0] > 1 and probes.stride(0) == 0:
+            return bank.forward_shared(probes[0], bn_mode)
+        return bank.forward(probes, bn_mode)
+
     def evaluate_probes(self, bank: ClientBank, local: "LocalMethod", probes: torch.Tensor) -> ForwardOutput:
         """Every client's adapted model on its probes [N, M, C, H, W] (BatchNorm as ``probe_bn`` says)."""
         if self.probe_bn == "probes":
-            return bank.forward(probes, "batch")
+            return self._forward(bank, probes, "batch")
         if self.probe_bn == "eval":
             if local.shares != "bn_stats":
                 return local.eval_forward(bank, probes)
             if self._mixed is None:  # before the first aggregation: the source statistics
-                return bank.forward(probes, "source")
+                return self._forward(bank, probes, "source")
             bank.set_bn_stats(self._mixed)
-            return bank.forward(probes, "given")
+            return self._forward(bank, probes, "given")
         if local.bn_mode == "source":
-            return bank.forward(probes, "source")
+            return self._forward(bank, probes, "source")
         bank.set_bn_stats(bank.bn_stats())  # the statistics of the client's real batch at this step
-        return bank.forward(probes, "given")
+        return self._forward(bank, probes, "given")
 
     @torch.no_grad()
     def probe_uploads(self, bank: ClientBank, local: "LocalMethod", x: torch.Tensor,
@@ -186,7 +196,11 @@ class FedCTTA(ClientHooks, Strategy):
         """Each client's mean probe output [N, K] (or [N, D]) at aggregation steps; nothing in between."""
         if not self.aggregates(step):
             return {}
-        probes = self.probe_inputs(step, x.shape[0], tuple(x.shape[2:])).to(x.device, x.dtype)
+        probes = self.probe_inputs(step, x.shape[0], tuple(x.shape[2:]))
+        if probes.stride(0) == 0:  # one set for all clients: moved once, still a view
+            probes = probes[0].to(x.device, x.dtype).expand_as(probes)
+        else:
+            probes = probes.to(x.device, x.dtype)
         out = self.evaluate_probes(bank, local, probes)
         return {PROBE_UPLOAD: (out.logits if self.on == "logits" else out.features).mean(1)}
 
