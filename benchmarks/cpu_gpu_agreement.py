@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from ftta_core.experiment import run_strategies
-from ftta_core.paper import table1_config
+from ftta_core.fedtsa.table1 import table1_config
 from ftta_core.workbook import config_key
 
 HERE = Path(__file__).resolve().parent

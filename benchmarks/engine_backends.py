@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.models import build_model
 from ftta_core.stream import StreamBatch
 from ftta_core.strategies import build_strategy

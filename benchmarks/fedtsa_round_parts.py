@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ftta_core.rng import torch_generator
-from ftta_core.server_cost import fill_indicator_memory
+from ftta_core.fedctta.server_cost import fill_indicator_memory
 from ftta_core.strategies.fedtsa import FedTSA
 from ftta_core.strategies.ts_block import bernoulli_uniforms, similarity_mask
 

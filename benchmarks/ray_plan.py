@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List
 
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.plan import REPO_DIR, PlannedJob, run_plan
+from ftta_core.plan import REPO_DIR, PlannedJob
+from ftta_core.plan_runner import run_plan
 from ftta_core.ray_plan import LocalCluster, run_plan_ray
 from results_io import device_name, write_results
 

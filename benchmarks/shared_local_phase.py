@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.models import build_model
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List
 import torch
 
 from engine_backends import batches
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.engine.source_cache import SourceCache
 from ftta_core.models import build_model
 from ftta_core.strategies import build_strategy

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream, local_params
 from ftta_core.paper import TTA_SETTINGS
 from ftta_core.rng import derive_seed

@@ -3,7 +3,7 @@
 Runs the FedTSA CIFAR-10-C protocol (20 clients, batch 10, ResNet-8, NIID) for ``--steps`` steps per case under
 ``torch.profiler`` after one un-profiled warm-up run of the same steps (so the corrupted images are cached and the
 numbers are steady state), and reads the engine's ``record_function`` labels (``ftta.stream``, ``ftta.source``,
-``ftta.adapt``, ``ftta.uploads``, ``ftta.server``, ``ftta.mix``, ``ftta.predict``; see ``ftta_core/engine/loop.py``).
+``ftta.adapt``, ``ftta.uploads``, ``ftta.server``, ``ftta.mix``, ``ftta.predict``; see ``ftta_core/loop.py``).
 Shares are of the time inside ``ftta.step`` (set-up and summaries excluded); "other" is what a step spends outside
 the labelled phases (recording, checks). Absolute numbers depend on the machine and its load.
 

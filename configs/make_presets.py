@@ -7,7 +7,7 @@
 Each preset is one ``ExperimentConfig`` of a paper protocol (seed 0, the paper's own method as the strategy) for
 ``python -m ftta_core run --config FILE --out DIR``; its header names the paper, the table and what differs from the
 paper, and how to get the table's other cells (``--strategy``, ``--seed``, ``--sh``, ...: flags override the file).
-The configs come from the functions the notebooks and commands use (``paper.table1_config``, ``imbalance``'s
+The configs come from the functions the notebooks and commands use (``fedtsa.table1.table1_config``, ``imbalance``'s
 grid, the case-study and notebook parameters), so a preset run has the config hash of the stored run
 (``workbook.config_key``). tests/test_presets.py checks that this script reproduces the committed files.
 
@@ -31,9 +31,10 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 import yaml  # noqa: E402
 
-from ftta_core import imbalance  # noqa: E402
+from ftta_core.pfedbbn import imbalance  # noqa: E402
 from ftta_core.experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig  # noqa: E402
-from ftta_core.paper import TTA_SETTINGS, table1_config  # noqa: E402
+from ftta_core.paper import TTA_SETTINGS  # noqa: E402
+from ftta_core.fedtsa.table1 import table1_config
 from ftta_core.workbook import config_key  # noqa: E402
 
 WIDTH = 118
@@ -154,7 +155,7 @@ def fedtsa_presets() -> List[Preset]:
                 others=("--strategy NAME for the other rows: "
                         f"{' | '.join(s for s in TABLE1_STRATEGIES if s != 'fedtsa')}; --seed 1 .. 4 for the other "
                         f"seeds. The whole table: python -m ftta_core fedtsa-table --tta {tta} ... (README)."),
-                source=f'ftta_core.paper.table1_config("cifar10", "{setting}", "{tta}") with strategy fedtsa, seed 0',
+                source=f'ftta_core.fedtsa.table1.table1_config("cifar10", "{setting}", "{tta}") with strategy fedtsa, seed 0',
                 stored="figures/fedtsa_table1/runs/{key}.json",
                 stored_by=f"`python -m ftta_core fedtsa-table --tta {tta}`" + (" (make paper-runs)" if in_paper else ""),
                 group="FedTSA"))
@@ -217,7 +218,7 @@ def fedctta_presets() -> List[Preset]:
                 differs=OURS_CIFAR + lr_note + ".",
                 others=("--strategy NAME for the other rows: "
                         f"{' | '.join(s for s in TABLE1_STRATEGIES if s != 'fedctta')}; --seed 1 .. 4."),
-                source=(f'ftta_core.paper.table1_config("cifar10", "{setting}", "{tta}") with strategy fedctta, '
+                source=(f'ftta_core.fedtsa.table1.table1_config("cifar10", "{setting}", "{tta}") with strategy fedctta, '
                         'seed 0'),
                 stored="figures/fedtsa_table1/runs/{key}.json",
                 stored_by=f"`python -m ftta_core fedtsa-table --tta {tta}` (make paper-runs)", group="FedCTTA"))
@@ -280,7 +281,7 @@ def pfedbbn_presets() -> List[Preset]:
         col = imbalance.paper_column(alpha)
         column = ("IID column (no label skew)" if alpha is None else
                   f"Non-IID column {col} (Dirichlet label skew alpha = {alpha:g}, ASSUMED for that column: the "
-                  "paper's alphas were lost in extraction, ftta_core.imbalance.PAPER_NONIID_ALPHAS)")
+                  "paper's alphas were lost in extraction, ftta_core.pfedbbn.imbalance.PAPER_NONIID_ALPHAS)")
         rows = [(m, "local") for m in imbalance.TABLE1_METHODS] + [imbalance.FULL_METHOD]
         for method, strategy in rows:
             name = f"{method}+{strategy} {setting}"
@@ -303,7 +304,7 @@ def pfedbbn_presets() -> List[Preset]:
                         f"{' | '.join(s for s in imbalance.TABLE1_STRATEGIES if s != 'local')}"
                         + ("" if full else f" (the {mlabel} row of each server)")
                         + ". Other methods and columns: the other configs/pfedbbn/table1_*.yaml files."),
-                source=(f"ftta_core.imbalance.pfedbbn_config() with the table1_variants variant {name!r}, seed 0 "
+                source=(f"ftta_core.pfedbbn.imbalance.pfedbbn_config() with the table1_variants variant {name!r}, seed 0 "
                         "(notebook 30_pfedbbn's full grid)"),
                 stored="figures/pfedbbn/runs/{key}.json", stored_by="notebook 30_pfedbbn's grid",
                 group="pFedBBN"))

@@ -11,13 +11,20 @@ Importing the package stays light (no torch) until one of these is used.
 from typing import Any
 
 from .plugins import load_plugins
-from .registry import register_local, register_strategy
 
 __version__ = "0.1.0"
 __all__ = ["register_local", "register_strategy", "load_plugins", "check_backends_agree", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "register_local":  # the registering decorators import their layer (torch) when asked for
+        from .tta import register_local
+
+        return register_local
+    if name == "register_strategy":
+        from .strategies import register_strategy
+
+        return register_strategy
     if name == "check_backends_agree":  # imports torch and the engine: only when asked for
         from .contract import check_backends_agree
 

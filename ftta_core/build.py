@@ -1,6 +1,6 @@
 """One way to build a run: ``build_run(config)`` assembles the stream, the local method, the strategy, the engine
 (client bank) and a recorder from an ``ExperimentConfig``; every runner builds through it (``run_experiment``,
-``run_strategies``, ``fedctta_study.run_live``, ``leakage.collect_uploads``; the Flower apps build their server's
+``run_strategies``, ``fedctta.study.run_live``, ``leakage.collect_uploads``; the Flower apps build their server's
 strategy and their clients' method with ``build_strategy_for`` / ``build_local_for``), so they cannot drift apart
 (participation, the run's seed reaching the methods, the smoke cap, the engine's seed, closing the engine).
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 import numpy as np
 import torch
 
-from .engine.loop import Engine, StepResult
+from .loop import Engine, StepResult
 from .scenarios import (CASE_STUDY_LEADS, Scenario, case_study_scenario, client_image_pools, dirichlet_client_pools,
                         fedctta_scenario, fedtsa_scenario, heterogeneity_scenario)
 from .stream import CorruptedDomains, Stream
@@ -26,6 +26,29 @@ if TYPE_CHECKING:  # the config module imports this one (no import cycle at run 
     from .experiment import ExperimentConfig
     from .strategies.base import Strategy
     from .tta.base import LocalMethod
+
+
+# modules every simulated run depends on (besides its local method and strategy); packages list all their modules
+RUN_ROOTS = ("build", "loop", "engine.bank", "engine.layers", "engine.mixing", "stream", "scenarios", "training",
+             "rng", "corruptions", "models", "data")
+# functions of ``experiment`` that make a run's numbers (the rest of that module is config checking and reporting)
+RUN_FUNCTIONS = ("run_experiment", "_run", "run_strategies", "summarize", "accuracy_by")
+
+
+def code_record(local: str, strategy: str) -> Dict[str, Any]:
+    """What made a run of local method ``local`` and strategy ``strategy`` (``runstore.code_record_of``): the
+    modules of ``RUN_ROOTS``, of the two methods (registered plugins included) and what they import, and
+    ``experiment``'s ``RUN_FUNCTIONS``."""
+    from .runstore import PACKAGE, code_record_of
+    from .strategies import STRATEGIES
+    from .tta import LOCAL_METHODS
+
+    roots = [f"{PACKAGE}.{r}" for r in RUN_ROOTS]
+    for registry, key in ((LOCAL_METHODS, local), (STRATEGIES, strategy)):
+        obj = registry.get(key)
+        if obj is not None:
+            roots += [c.__module__ for c in getattr(obj, "__mro__", [obj]) if c.__module__.startswith(PACKAGE)]
+    return code_record_of(roots, [f"{PACKAGE}.experiment:{name}" for name in RUN_FUNCTIONS])
 
 
 def resolve_device(device: str) -> str:

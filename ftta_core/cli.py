@@ -10,54 +10,15 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import yaml
 
-from .cli_config import CommandParser, add_config_options, config_values, merge_config
+from .cli_config import (CommandParser, YamlLoader, _yaml_problem, add_config_options, config_values, key_values,  # noqa: F401
+                         merge_config)
 
 # paper.TTA_SETTINGS' names (kept literal so the parser starts without torch; a test checks they agree)
 TTA_CHOICES = ("bn", "grad", "grad-adam", "grad-running", "grad-running-adam")
-
-
-class YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, plus floats written without a dot (``1e-4``, ``1E-5``, ``2e3``), which YAML 1.1 (and
-    so PyYAML) reads as strings."""
-
-
-YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """A YAML error as one line: the problem and where it is."""
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return (getattr(err, "problem", None) or " ".join(str(err).split())) + where
-
-
-def _parse_value(text: str) -> Any:
-    """Parse a ``key=value`` right-hand side as a YAML scalar or list: ``3`` int, ``0.1``/``1e-4`` float,
-    ``true`` bool, ``[1, 2]`` list, anything else a string."""
-    return yaml.load(text, Loader=YamlLoader)
-
-
-def key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
-    """``["k=v", ...]`` (a repeatable ``flag``'s values) as ``{k: v}``, each value a YAML scalar or list; a malformed
-    item exits naming ``flag``."""
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise SystemExit(f"{flag} expects key=value, got {item!r}")
-        k, v = item.split("=", 1)
-        try:
-            out[k.strip()] = _parse_value(v)
-        except yaml.YAMLError as err:
-            raise SystemExit(f"{flag} {item!r}: the value is not valid YAML ({_yaml_problem(err)})") from None
-    return out
-
-
-_key_values = key_values  # its former name
 
 
 def read_config(path: Path) -> Dict[str, Any]:
@@ -165,12 +126,18 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_runs)
 
 
+def _refused(paths: Sequence[Path], usable, what: str) -> bool:
+    """Whether any of ``paths`` is not ``usable`` (then one line on stderr names them as not ``what``)."""
+    missing = [str(p) for p in paths if not usable(p)]
+    if missing:
+        print(f"error: not {what}: {', '.join(missing)}", file=sys.stderr)
+    return bool(missing)
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     from .runstore import scan_table
 
-    missing = [str(f) for f in args.folders if not f.is_dir()]
-    if missing:
-        print(f"error: not a folder: {', '.join(missing)}", file=sys.stderr)
+    if _refused(args.folders, Path.is_dir, "a folder"):
         return 2
     table = scan_table(args.folders)
     if table.empty:
@@ -181,6 +148,39 @@ def cmd_runs(args: argparse.Namespace) -> int:
         shown = table if args.list == "all" else table[table.status == args.list]
         print(shown.to_string(index=False) if len(shown) else f"no {args.list} runs")
     return 0
+
+
+def _add_reproduce(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("reproduce", help="run stored runs again and mark them current if every number agrees",
+                       description="Runs each stored summary file's config again with today's code (one at a time) "
+                                   "and compares everything it measured (accuracies per domain and class, uploads, "
+                                   "W's shares). When all agree, the file's code record becomes today's and a "
+                                   "'reproduced' note says when, on which device and from which former record: the "
+                                   "run counts as current again. When anything differs the file is left as it is "
+                                   "and the differences are printed. Exit status 1 if any run differs.")
+    p.add_argument("summaries", nargs="+", type=Path, help="stored summary files (e.g. figures/fedtsa_table1/runs/X.json)")
+    p.add_argument("--atol", type=float, default=0.0, help="largest difference of a number that still agrees "
+                                                            "(default 0: exactly)")
+    p.add_argument("--device", help="run on this device instead of the recorded one")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a run-plan worker)")
+    p.add_argument("--check", action="store_true", help="compare only: never rewrite a summary")
+    p.set_defaults(func=cmd_reproduce)
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    import torch
+
+    from .workbook import reproduce
+
+    if _refused(args.summaries, Path.is_file, "a stored summary file"):
+        return 2
+    torch.set_num_threads(args.threads)
+    failed = 0
+    for path in args.summaries:
+        result = reproduce(path, atol=args.atol, device=args.device, update=not args.check)
+        failed += result["status"] != "reproduced"
+        print(json.dumps(result))
+    return 1 if failed else 0
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -351,7 +351,8 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from .experiment import ExperimentConfig
-    from .paper import TTA_SETTINGS, beside_fedtsa_table1, to_markdown
+    from .paper import TTA_SETTINGS
+    from .fedtsa.table1 import beside_fedtsa_table1, to_markdown
     from .plan import PLAN_ENV, plan_file
     from .workbook import run_grid, run_strategy_grid
 
@@ -394,7 +395,7 @@ def _add_tta_grad_cells(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_tta_grad_cells(args: argparse.Namespace) -> int:
-    from .paper import tta_grad_cells, tta_grad_cells_reading
+    from .fedtsa.table1 import tta_grad_cells, tta_grad_cells_reading
     from .workbook import markdown_table
 
     table = tta_grad_cells(results_dir=args.results, seeds=args.seeds, settings=args.settings)
@@ -459,7 +460,8 @@ def _add_case_study(sub: argparse._SubParsersAction) -> None:
 def cmd_case_study(args: argparse.Namespace) -> int:
     from .experiment import ExperimentConfig
     from .paper import TTA_SETTINGS
-    from .workbook import case_study_domains, case_study_table, markdown_table, run_stored
+    from .fedtsa.case_study import case_study_domains, case_study_table
+    from .workbook import markdown_table, run_stored
 
     scenario = "case_study" if args.orders == "fedtsa" else "case_study_fedctta"
     base = ExperimentConfig(dataset=args.dataset, scenario=scenario, clients=10, batch_size=10,
@@ -597,7 +599,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     for add in (_add_run, _add_runs, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
                 _add_tta_grad_cells,
-                _add_run_plan, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
+                _add_run_plan, _add_reproduce, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)
     from .plugins import add_plugin_argument
 
@@ -607,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the commands that build runs take --plugin MODULE_OR_FILE (repeatable): methods registered by it (ftta_core.plugins)
-PLUGIN_COMMANDS = ("run", "run-plan", "fedtsa-table", "notebooks", "case-study", "centralized-tta")
+PLUGIN_COMMANDS = ("run", "run-plan", "reproduce", "fedtsa-table", "notebooks", "case-study", "centralized-tta")
 
 
 DEBUG_ENV = "FTTA_DEBUG"

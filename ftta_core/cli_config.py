@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import typing
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
 
 # one line per ExperimentConfig field: the option's help (a test checks that every field has one)
 FIELD_HELP: Dict[str, str] = {
@@ -50,6 +53,43 @@ FIELD_HELP: Dict[str, str] = {
 }
 
 NONE_WORDS = ("none", "null")
+
+
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, plus floats written without a dot (``1e-4``, ``1E-5``, ``2e3``), which YAML 1.1 (and
+    so PyYAML) reads as strings."""
+
+
+YamlLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: the problem and where it is."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return (getattr(err, "problem", None) or " ".join(str(err).split())) + where
+
+
+def _parse_value(text: str) -> Any:
+    """Parse a ``key=value`` right-hand side as a YAML scalar or list: ``3`` int, ``0.1``/``1e-4`` float,
+    ``true`` bool, ``[1, 2]`` list, anything else a string."""
+    return yaml.load(text, Loader=YamlLoader)
+
+
+def key_values(items: Optional[List[str]], flag: str) -> Dict[str, Any]:
+    """``["k=v", ...]`` (a repeatable ``flag``'s values) as ``{k: v}``, each value a YAML scalar or list; a malformed
+    item exits naming ``flag``."""
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"{flag} expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k.strip()] = _parse_value(v)
+        except yaml.YAMLError as err:
+            raise SystemExit(f"{flag} {item!r}: the value is not valid YAML ({_yaml_problem(err)})") from None
+    return out
 
 
 def config_class() -> type:
@@ -146,8 +186,6 @@ def add_config_options(parser: argparse.ArgumentParser, config: Optional[type] =
 def config_values(args: argparse.Namespace, config: Optional[type] = None) -> Dict[str, Any]:
     """The config fields given on the command line (``add_config_options`` without defaults): scalars as parsed,
     ``--x-param K=V`` options as a mapping ``{K: V}`` (to be merged into the config's ``x_params``)."""
-    from .cli import key_values  # the command line's K=V parser (YAML values)
-
     out: Dict[str, Any] = {}
     for f in dataclasses.fields(config or config_class()):
         if not hasattr(args, f.name):

@@ -109,7 +109,7 @@ def _builder(kind: str, spec: MethodSpec, params: Optional[Mapping[str, Any]]) -
 def run_backend(model: nn.Module, local: Callable[[], Any], strategy: Callable[[], Any], backend: str,
                 batches: Sequence[StreamBatch], seed: int = 0) -> List[StepRecord]:
     """Step results and the clients' shared state (what they upload next) after every step, on ``backend``."""
-    from .engine.loop import Engine
+    from .loop import Engine
 
     torch.manual_seed(seed)
     eng = Engine(model, local(), strategy(), n_clients=batches[0].images.shape[0], backend=backend, seed=seed)

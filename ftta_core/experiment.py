@@ -17,8 +17,9 @@ import torch
 from torch.profiler import record_function
 
 from .build import (ClassTally, Recorder, build_local_for, build_run, build_scenario, build_stream,  # noqa: F401
-                    build_strategy_for, local_params, resolve_device, run_length, step_rows, strategy_params)
-from .engine.loop import Engine, StepResult  # noqa: F401  (public names of this module before ``build``)
+                    build_strategy_for, code_record, local_params, resolve_device, run_length, step_rows,
+                    strategy_params)
+from .loop import Engine, StepResult  # noqa: F401  (public names of this module before ``build``)
 from .scenarios import CASE_STUDY_LEADS
 from .stream import CLEAN, Stream
 from .runstore import RunStoreError, atomic_write, atomic_write_text
@@ -260,6 +261,15 @@ class Results:
         return pd.DataFrame({k: 100 * g[f"correct_{k}"] / g["n"] for k in ("source", "local", "mixed")})
 
 
+def load_results(out: Path) -> Results:
+    """Read a finished run folder written by ``run_experiment(out=...)`` / ``python -m ftta_core run``."""
+    out = Path(out)
+    steps = pd.read_csv(out / "steps.csv")
+    collab = np.load(out / "collaboration.npz")["W"]
+    summary = json.loads((out / "summary.json").read_text())
+    return Results(steps, collab, summary)
+
+
 def accuracy_by(steps: pd.DataFrame, column: str) -> Dict[str, Dict[str, float]]:
     """Accuracies (%) after mixing, after local adaptation and of the source, per value of ``column``."""
     g = steps.groupby(column)[["n", "correct_source", "correct_local", "correct_mixed"]].sum()
@@ -272,8 +282,7 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
               code: Optional[Dict[str, Any]] = None) -> dict:
     """Headline numbers, per-domain and (with ``classes``) per-class accuracies, the config, versions, device and
     wall time (with the torch and server threads it was measured with), and the code that made the run
-    (``runstore.code_record``; computed now unless given, e.g. as recorded when the run started)."""
-    from .runstore import code_record
+    (``build.code_record``; computed now unless given, e.g. as recorded when the run started)."""
 
     n = steps["n"].sum()
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
@@ -306,8 +315,6 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     with RunLock(out):
         writer = RunWriter(Path(out), cfg, overwrite)
         if writer.finished():
-            from .workbook import load_results
-
             return load_results(Path(out))
         return _run(cfg, writer, progress, data_root, stream, server_threads)
 
@@ -315,7 +322,6 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
 def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, data_root: Optional[str],
          stream: Optional[Stream], server_threads: Optional[int]) -> Results:
     """``run_experiment``'s loop (with ``writer``: resumed from and committed to its folder)."""
-    from .runstore import code_record
 
     code = code_record(cfg.local, cfg.strategy)  # the code as it is when the run starts
     with build_run(cfg, stream=stream, data_root=data_root, server_threads=server_threads) as run:

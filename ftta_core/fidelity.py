@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from .paper import GRAD_CELLS, METHOD_LABELS, TTA_SETTINGS, paper_table, stored_table1_runs
+from .fedtsa.table1 import GRAD_CELLS, stored_table1_runs
+from .paper import METHOD_LABELS, TTA_SETTINGS, paper_table
 
 RESULTS_DIR = "figures/fedtsa_table1/runs"
 SEEDS = (0, 1, 2, 3, 4)

@@ -10,7 +10,7 @@ A plugin is any module whose import runs ``@register_local("name")`` / ``@regist
 
 A spec is an importable module name (``mylab.methods``) or the path of a ``.py`` file. ``export_plugins`` adds specs
 to ``$FTTA_PLUGINS`` (file paths made absolute) so that child processes -- ``run-plan``'s spawned workers, papermill's
-notebook kernels -- load the same plugins: they call ``load_plugins()`` (``plan._init_worker``, ``ExperimentConfig``,
+notebook kernels -- load the same plugins: they call ``load_plugins()`` (``plan_runner._init_worker``, ``ExperimentConfig``,
 ``build_local``/``build_strategy`` for a name they do not know).
 
 Importing this module is cheap (no torch): the command line's parser uses it.

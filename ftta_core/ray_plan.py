@@ -1,7 +1,7 @@
 """``run-plan FILE --ray ADDRESS``: the planned jobs of a grid as Ray tasks on an existing Ray cluster.
 
-Each job (``plan.PlannedJob``) runs in a Ray worker exactly as in a local ``run-plan`` worker (``plan._init_worker``:
-torch threads and the plugins of ``$FTTA_PLUGINS``; then ``plan.run_job``), so its summary is stored by the grid
+Each job (``plan.PlannedJob``) runs in a Ray worker exactly as in a local ``run-plan`` worker (``plan_runner._init_worker``:
+torch threads and the plugins of ``$FTTA_PLUGINS``; then ``plan_runner.run_job``), so its summary is stored by the grid
 call that planned it, through ``runstore.store_summary``'s atomic writes, under its config hash in the job's results
 folder. **A shared file system is assumed**: every node sees this checkout, its ``data/`` and the results folders at
 the same paths (one machine, NFS, or a cluster file system); nothing is sent back but one line per job.
@@ -34,7 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .plan import PLAN_ENV, REPO_DIR, PlannedJob, _init_worker, _run_before, pending_runs, run_plan
+from .plan import PLAN_ENV, REPO_DIR, PlannedJob
+from .plan_runner import _init_worker, _run_before, pending_runs, run_plan
 
 RAY_BIN = Path(sys.executable).with_name("ray")
 
@@ -68,7 +69,7 @@ def run_plan_ray(jobs: Sequence[PlannedJob], address: str = "auto", deadline_s: 
                  threads: Optional[int] = None, log: Callable[[str], Any] = print,
                  workers: Optional[int] = None, gpus: float = 0.0) -> List[Dict[str, Any]]:
     """Run ``jobs`` (in order of priority) as Ray tasks on the cluster at ``address``, as many at a time as it has
-    free CPUs; returns one record per job like ``plan.run_plan`` (``stored`` for a job found already stored).
+    free CPUs; returns one record per job like ``plan_runner.run_plan`` (``stored`` for a job found already stored).
     ``workers`` is accepted for ``run_plan``'s signature and unused: the cluster's CPUs set the concurrency. A job
     not started within ``deadline_s`` seconds is skipped. ``gpus``: GPUs per job (a fraction shares one GPU); Ray
     hides the GPUs from a task that asks for none, so jobs on ``cuda`` need it. Connects with ``ray.init`` unless
@@ -131,7 +132,7 @@ def add_ray_option(parser: argparse.ArgumentParser) -> None:
 
 def plan_executor(args: argparse.Namespace) -> Callable[..., List[Dict[str, Any]]]:
     """What ``run-plan`` runs its jobs with: ``run_plan_ray`` on the cluster named by ``--ray``, else local
-    workers (``plan.run_plan``); both take ``(jobs, workers=, deadline_s=, threads=, log=)``."""
+    workers (``plan_runner.run_plan``); both take ``(jobs, workers=, deadline_s=, threads=, log=)``."""
     address = getattr(args, "ray", None)
     return functools.partial(run_plan_ray, address=address, gpus=args.ray_gpus) if address else run_plan
 

@@ -1,8 +1,9 @@
 """Named components: building one with keyword parameters (errors name the bad field), and registering your own.
 
-``register_local("name")`` and ``register_strategy("name")`` (also ``from ftta_core import ...``) are decorators for a
-``LocalMethod`` / ``Strategy`` subclass or a factory function returning one. They write into the registries every
-lookup reads, ``ftta_core.tta.LOCAL_METHODS`` and ``ftta_core.strategies.STRATEGIES``, so a registered name works
+``register_local("name")`` and ``register_strategy("name")`` (``ftta_core.tta`` / ``ftta_core.strategies``, also
+``from ftta_core import ...``) are decorators for a ``LocalMethod`` / ``Strategy`` subclass or a factory function
+returning one, made here by ``decorator``. They write into the registries every lookup reads,
+``ftta_core.tta.LOCAL_METHODS`` and ``ftta_core.strategies.STRATEGIES``, so a registered name works
 wherever a built-in one does (configs, the command line, grids, notebooks). Put the decorated code in a *plugin*
 (``ftta_core.plugins``) so that other processes -- the command line, ``run-plan`` workers, notebook kernels -- load it.
 """
@@ -79,27 +80,16 @@ def register(kind: str, registry: MutableMapping[str, Callable[..., Any]], name:
     return obj
 
 
-def register_local(name: str, obj: Optional[F] = None, *, replace: bool = False):
-    """Register a local method under ``name``: ``@register_local("mytent")`` on a ``LocalMethod`` subclass or a
-    factory function (keyword parameters = the config's ``local_params``). ``register_local(name, obj)`` registers
-    directly. A name already taken by another definition raises ``ValueError`` unless ``replace=True``."""
-    def decorate(target: F) -> F:
-        from .tta import LOCAL_METHODS
-        from .tta.base import LocalMethod
+def decorator(kind: str, registry: MutableMapping[str, Callable[..., Any]], base: type, doc: str = ""):
+    """A registering function for ``registry`` (e.g. ``tta.register_local``): ``register_x(name)`` is a decorator
+    for a ``base`` subclass or a factory function, ``register_x(name, obj)`` registers directly; a name already
+    taken by another definition raises ``ValueError`` unless ``replace=True`` (``register``)."""
+    def register_named(name: str, obj: Optional[F] = None, *, replace: bool = False):
+        def decorate(target: F) -> F:
+            return register(kind, registry, name, target, base, replace)
 
-        return register("local method", LOCAL_METHODS, name, target, LocalMethod, replace)
+        return decorate if obj is None else decorate(obj)
 
-    return decorate if obj is None else decorate(obj)
-
-
-def register_strategy(name: str, obj: Optional[F] = None, *, replace: bool = False):
-    """Register a server strategy under ``name``: ``@register_strategy("mystrat")`` on a ``Strategy`` subclass or a
-    factory function (keyword parameters = the config's ``strategy_params``). ``register_strategy(name, obj)``
-    registers directly. A name already taken by another definition raises ``ValueError`` unless ``replace=True``."""
-    def decorate(target: F) -> F:
-        from .strategies import STRATEGIES
-        from .strategies.base import Strategy
-
-        return register("strategy", STRATEGIES, name, target, Strategy, replace)
-
-    return decorate if obj is None else decorate(obj)
+    register_named.__doc__ = doc or register_named.__doc__
+    register_named.__name__ = register_named.__qualname__ = "register_" + kind.split()[0]
+    return register_named

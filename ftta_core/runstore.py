@@ -23,10 +23,10 @@ A run folder is locked while a process writes it (``RunLock``, ``flock``): a sec
 at once with one line. A folder holding a finished run of another config is never overwritten unless asked
 (``overwrite=True``, ``run --overwrite``); a finished run of the same config is read back, not run again.
 
-**Code records.** Every summary records the code that made it (``code_record``): a hash per source module the run
-depends on (the local method's and strategy's modules and what they import, the engine, stream, scenarios,
-corruptions, models, data loaders, and ``experiment``'s run loop), hashed from the syntax tree without docstrings,
-so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is ``current``,
+**Code records.** Every summary records the code that made it (``code_record_of``; a simulated run's record is
+``build.code_record``): a hash per source module the run depends on (the local method's and strategy's modules and
+what they import, the loop, engine, stream, scenarios, corruptions, models, data loaders, ``build`` and
+``experiment``'s run functions), hashed from the syntax tree without docstrings, so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is ``current``,
 ``stale`` (a module it depends on changed: ``stale_modules`` names them) or ``unrecorded`` (stored before records
 existed). Grids never reuse a stale run silently: they warn and, with ``FTTA_RERUN_STALE=1``, run it again.
 """
@@ -49,12 +49,6 @@ log = logging.getLogger(__name__)
 PACKAGE = "ftta_core"
 PACKAGE_DIR = Path(__file__).resolve().parent
 RERUN_STALE_ENV = "FTTA_RERUN_STALE"
-# modules every simulated run depends on (besides its local method and strategy); packages list all their modules
-RUN_ROOTS = ("engine.loop", "engine.bank", "engine.layers", "engine.mixing", "stream", "scenarios", "training",
-             "rng", "corruptions", "models", "data")
-# functions of ``experiment`` that make a run's numbers (the rest of the module is config checking and reporting)
-RUN_FUNCTIONS = ("run_experiment", "run_strategies", "build_stream", "build_scenario", "step_rows", "summarize",
-                 "accuracy_by", "local_params", "strategy_params")
 
 
 class RunStoreError(RuntimeError):
@@ -228,41 +222,29 @@ def _dependencies(roots: tuple) -> tuple:
     return tuple(sorted(seen))
 
 
-def _function_hashes() -> Dict[str, str]:
-    """Hashes of ``experiment``'s run functions as the file now reads (``RUN_FUNCTIONS``)."""
-    path = PACKAGE_DIR / "experiment.py"
-    return dict(_function_hashes_at(path.stat().st_mtime_ns))
+def function_hash(qualified: str) -> Optional[str]:
+    """The current ``source_hash`` of a module-level function named ``"package.module:function"`` (None if gone)."""
+    module, _, name = qualified.partition(":")
+    path = _module_file(module)
+    if path is None:
+        return None
+    return dict(_function_hashes_at(module, path.stat().st_mtime_ns)).get(name)
 
 
-@lru_cache(maxsize=4)
-def _function_hashes_at(mtime_ns: int) -> tuple:
-    tree = ast.parse((PACKAGE_DIR / "experiment.py").read_text())
-    found = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name in RUN_FUNCTIONS}
-    return tuple((f"{PACKAGE}.experiment:{name}", source_hash(ast.unparse(found[name]))) for name in RUN_FUNCTIONS
-                 if name in found)
+@lru_cache(maxsize=None)
+def _function_hashes_at(module: str, mtime_ns: int) -> tuple:
+    tree = ast.parse(_module_file(module).read_text())
+    return tuple((node.name, source_hash(ast.unparse(node))) for node in tree.body if isinstance(node, ast.FunctionDef))
 
 
-def code_record(local: str, strategy: str) -> Dict[str, Any]:
-    """What made a run of local method ``local`` and strategy ``strategy``: ``modules`` (name -> ``source_hash``)
-    of every module the run depends on (``RUN_ROOTS``, the two methods' modules, their imports) and of
-    ``experiment``'s run functions, plus the git commit when the package is a git checkout."""
-    from .strategies import STRATEGIES
-    from .tta import LOCAL_METHODS
-
-    roots = [f"{PACKAGE}.{r}" for r in RUN_ROOTS]
-    for registry, key in ((LOCAL_METHODS, local), (STRATEGIES, strategy)):
-        obj = registry.get(key)
-        if obj is not None:
-            roots += [c.__module__ for c in getattr(obj, "__mro__", [obj]) if c.__module__.startswith(PACKAGE)]
-    record = code_record_of(roots)
-    record["modules"].update(_function_hashes())
-    return record
-
-
-def code_record_of(roots: Sequence[str]) -> Dict[str, Any]:
-    """The code record of a study whose results depend on the modules ``roots`` (full names; packages mean all
-    their modules) and what they import, e.g. FedICON's ``["ftta_core.fedicon", "ftta_core.models"]``."""
-    return {"modules": {name: module_hash(name) for name in dependencies(roots)}, "git": _git_commit()}
+def code_record_of(roots: Sequence[str], functions: Sequence[str] = ()) -> Dict[str, Any]:
+    """The code record of results that depend on the modules ``roots`` (full names; packages mean all their
+    modules) and what they import, e.g. FedICON's ``["ftta_core.fedicon", "ftta_core.models"]``, and on the single
+    ``functions`` (``"package.module:function"``) of modules that are otherwise reporting code (``function_hash``);
+    plus the git commit when the package is a git checkout."""
+    modules = {name: module_hash(name) for name in dependencies(roots)}
+    modules.update({name: function_hash(name) for name in functions})
+    return {"modules": modules, "git": _git_commit()}
 
 
 @lru_cache(maxsize=1)
@@ -287,17 +269,8 @@ def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
     """The recorded modules whose code changed since (or that are gone); None when nothing was recorded."""
     if not record or "modules" not in record:
         return None
-    changed = []
-    functions = None
-    for name, digest in record["modules"].items():
-        if ":" in name:
-            functions = functions if functions is not None else _function_hashes()
-            now = functions.get(name)
-        else:
-            now = module_hash(name)
-        if now != digest:
-            changed.append(name)
-    return changed
+    return [name for name, digest in record["modules"].items()
+            if (function_hash(name) if ":" in name else module_hash(name)) != digest]
 
 
 def run_status(summary: Dict[str, Any]) -> str:

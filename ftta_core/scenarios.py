@@ -139,6 +139,9 @@ def fedctta_scenario(domain_names: Sequence[str], niid: bool = True, n_clients: 
     return Scenario(dm, slot_steps, batch_size, tuple(domain_names), "fedctta_niid")
 
 
+# the case study's three client groups (FedTSA Table 4, FedCTTA Table III) and the label of all ten clients
+CASE_STUDY_GROUPS = {"clients 1-4": range(0, 4), "clients 5-7": range(4, 7), "clients 8-10": range(7, 10)}
+CASE_STUDY_ALL = "all clients"
 CASE_STUDY_LEADS = {"case_study": 1, "case_study_fedctta": 4}  # how many domains group 2 walks ahead of group 1
 
 

@@ -14,7 +14,8 @@ import pandas as pd
 from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment
 from .plan import REPO_DIR, add_to_plan, plan_file
 from .progress import progress_bar, progress_wanted
-from .runstore import atomic_write, atomic_write_text, read_summary, store_summary, usable
+from .runstore import atomic_write, atomic_write_text, read_summary, stale_modules, store_summary, usable
+from .scenarios import CASE_STUDY_GROUPS
 
 SUMMARY_KEYS = ("accuracy", "accuracy_local", "accuracy_source", "wall_time_s", "upload_bytes_per_client_step")
 
@@ -213,17 +214,6 @@ def over_seeds(table: pd.DataFrame, by: Sequence[str], value: str = "accuracy") 
     return (cells.unstack() if len(by) > 1 else cells.to_frame(value)), per_seed
 
 
-def load_results(out: Path) -> Results:
-    """Read a finished run folder written by ``run_experiment(out=...)`` / ``python -m ftta_core run``."""
-    import numpy as np
-
-    out = Path(out)
-    steps = pd.read_csv(out / "steps.csv")
-    collab = np.load(out / "collaboration.npz")["W"]
-    summary = json.loads((out / "summary.json").read_text())
-    return Results(steps, collab, summary)
-
-
 def summary_config(summary: Dict[str, Any]) -> ExperimentConfig:
     """The config a stored summary was made with."""
     return ExperimentConfig.from_dict(summary["config"])
@@ -254,7 +244,7 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
     the missing ones share one pass when the local method is stateless (TTA-bn), else run one by one."""
     import numpy as np
 
-    from .engine.loop import SharedPassError
+    from .loop import SharedPassError
     from .experiment import run_strategies
 
     out_dir = Path(out_dir)
@@ -293,27 +283,6 @@ def read_stored(out_dir: Path, strategies: Sequence[str]) -> Dict[str, StoredRun
             for s in strategies if (out_dir / s / "summary.json").exists()}
 
 
-CASE_STUDY_GROUPS = {"clients 1-4": range(0, 4), "clients 5-7": range(4, 7), "clients 8-10": range(7, 10)}
-CASE_STUDY_ALL = "all clients"
-
-
-def case_study_table(runs: Mapping[str, StoredRun]) -> pd.DataFrame:
-    """Accuracy (%) after mixing per group and strategy (rows) and slot (columns), plus the mean over slots: the
-    shape of FedTSA Table 4 / FedCTTA Table III (``case_study_domains`` says which domain each group sees)."""
-    rows = []
-    for strategy, run in runs.items():
-        for group, clients in {**CASE_STUDY_GROUPS, CASE_STUDY_ALL: range(10)}.items():
-            g = run.slots[run.slots.client.isin(list(clients))]
-            g = g.assign(c=g.accuracy_mixed * g.n).groupby("slot")[["c", "n"]].sum()
-            rows.append({"group": group, "strategy": strategy, **(g.c / g.n).to_dict(), "mean": g.c.sum() / g.n.sum()})
-    return pd.DataFrame(rows).set_index(["group", "strategy"])
-
-
-def case_study_domains(run: StoredRun) -> pd.DataFrame:
-    """The domain each case-study group sees in each slot (rows: group, columns: slot)."""
-    first = {group: clients[0] for group, clients in CASE_STUDY_GROUPS.items()}
-    s = run.slots
-    return pd.DataFrame({group: s[s.client == c].set_index("slot").domain for group, c in first.items()}).T
 
 
 def markdown_table(table: pd.DataFrame, digits: int = 2) -> str:
@@ -480,57 +449,55 @@ def ordering_phrase(means: Mapping[str, float], labels: Optional[Mapping[str, st
     return " > ".join(f"{(labels or {}).get(k, k)} {v:.{digits}f}" for k, v in s.items())
 
 
-def case_study_reading(table: pd.DataFrame, shares: pd.DataFrame, same: pd.DataFrame, domains: pd.DataFrame,
-                       paper_mean: Mapping[str, float], slot: int, n_clients: int, seeds: Sequence[int],
-                       labels: Optional[Mapping[str, str]] = None) -> str:
-    """The case study's reading, computed from its tables (FedTSA Table 4 and Fig 5 shapes): the ordering of the
-    strategies' mean accuracy beside the paper's (methods both have), then, in the highlighted ``slot``, how much
-    of the weight each client gives to other clients goes to clients on its own corruption (against uniform
-    mixing), and what groups 1 and 3 take from each other and from group 2.
+# metadata of a stored summary: how and where it was made, not what it measured
+RUN_METADATA = ("config", "versions", "device", "wall_time_s", "threads", "server_threads", "code", "reproduced")
 
-    ``table``: ``case_study_table``; ``shares``: ``group_weight_shares`` per strategy label (first index level);
-    ``same``: ``same_domain_weight`` per strategy label (index (label, client)); ``domains``:
-    ``case_study_domains``; ``paper_mean``: the paper's mean per method label over the same slots."""
-    name = (lambda s: (labels or {}).get(s, s))
-    groups = list(CASE_STUDY_GROUPS)
-    ours = table.xs(CASE_STUDY_ALL, level="group")["mean"].rename(index=name)
-    parts = [f"**Accuracy** (all clients, mean over the slots run; seed{'s' if len(seeds) > 1 else ''} "
-             f"{', '.join(map(str, seeds))}): {ordering_phrase(ours)}."]
-    both = [m for m in ours.index if m in paper_mean and not pd.isna(paper_mean[m])]
-    if len(both) >= 2:
-        ours_order = sorted(both, key=lambda m: -ours[m])
-        paper_order = sorted(both, key=lambda m: -paper_mean[m])
-        parts.append(f"On the methods the paper's Table 4 also has, our order is {' > '.join(ours_order)} and the "
-                     f"paper's {' > '.join(paper_order)} ({'the same' if ours_order == paper_order else 'different'}).")
-    if len(seeds) < 2:
-        parts.append("One seed: none of these differences is tested against seed noise.")
-    if len(same):
-        rows = []
-        for label, g in same.groupby(level=0, sort=False):
-            others = (1 - g["self"]).clip(lower=1e-12)
-            share = float((g["same domain"] / others).mean())
-            uniform = float((g["uniform same-domain"] * n_clients / (n_clients - 1)).mean())
-            rows.append((label, float(g["self"].mean()), share, uniform))
-        rows.sort(key=lambda r: -(r[2] - r[3]))
-        parts.append(f"**Slot {slot}, by corruption.** Of the weight a client gives to other clients, the share on "
-                     "clients with its own corruption (mean over clients; uniform mixing in brackets), highest excess "
-                     "first: " + "; ".join(f"{lab} {s:.2f} ({u:.2f}), keeping {k:.2f} on itself"
-                                           for lab, k, s, u in rows) + ".")
-    if len(shares) and slot in domains.columns and len(groups) == 3:
-        g1, g2, g3 = groups
-        same13 = domains.loc[g1, slot] == domains.loc[g3, slot]
-        seen = f"the same corruption ({domains.loc[g1, slot]})" if same13 else "different corruptions"
-        size = {g: len(CASE_STUDY_GROUPS[g]) / n_clients for g in groups}
-        said = []
-        for label in dict.fromkeys(shares.index.get_level_values(0)):
-            s = shares.loc[label]
-            said.append(f"{label}: {g1} → {g3} {s.loc[g1, g3]:.2f}, {g3} → {g1} {s.loc[g3, g1]:.2f}, "
-                        f"{g1} → {g2} {s.loc[g1, g2]:.2f}, {g3} → {g2} {s.loc[g3, g2]:.2f}")
-        parts.append(f"**Slot {slot}, by group.** The groups {g1} and {g3} see "
-                     f"{seen}"
-                     f" here; {g2} sees {domains.loc[g2, slot]}"
-                     + (f", after seeing {domains.loc[g1, slot]} in slot {slot - 1}" if slot - 1 in domains.columns
-                        and domains.loc[g2, slot - 1] == domains.loc[g1, slot] else "")
-                     + f". Share of one group's weight on another group's clients (A → B; uniform mixing gives "
-                     f"{g1} {size[g1]:.2f}, {g2} {size[g2]:.2f}, {g3} {size[g3]:.2f}): " + "; ".join(said) + ".")
-    return "\n\n".join(parts)
+
+def _measured(summary: Mapping[str, Any]) -> Dict[str, Any]:
+    """What a stored summary measured (``RUN_METADATA`` left out), as its JSON file holds it."""
+    return json.loads(json.dumps({k: v for k, v in summary.items() if k not in RUN_METADATA}, default=float))
+
+
+def _differences(old: Any, new: Any, atol: float, where: str = "") -> List[str]:
+    """The paths at which two JSON values differ (numbers by more than ``atol``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in (_differences(old.get(k), new.get(k), atol, f"{where}.{k}" if where else str(k)))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [d for i, (a, b) in enumerate(zip(old, new)) for d in _differences(a, b, atol, f"{where}[{i}]")]
+    if isinstance(old, (int, float)) and isinstance(new, (int, float)) and not isinstance(old, bool):
+        return [] if abs(old - new) <= atol else [f"{where}: {old} -> {new}"]
+    return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
+
+
+def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None, update: bool = True) -> Dict[str, Any]:
+    """Run a stored grid summary's config again with today's code and compare what it measured (every number,
+    per domain and per class included; ``atol`` 0: exactly). When they agree and ``update``, the summary's code
+    record becomes today's (``build.code_record``) and ``reproduced`` notes when, on what and from which former
+    record, so a run made before a change that moved no number counts as current again; when they differ the file
+    is left as it is. ``device``: run there instead of the recorded one (numbers then rarely agree exactly).
+    Returns ``{path, status: 'reproduced' | 'differs', differences, seconds}``."""
+    import time
+
+    from .build import code_record
+
+    path = Path(path)
+    summary = read_summary(path)
+    cfg = summary_config(summary)
+    if device is not None:
+        cfg = dataclasses.replace(cfg, device=device)
+    t0 = time.perf_counter()
+    fresh = grid_summary(run_experiment(cfg), cfg)
+    if "weight_shares" not in summary:  # stored before grids kept them: compare the rest
+        fresh.pop("weight_shares")
+    differences = _differences(_measured(summary), _measured(fresh), atol)
+    seconds = round(time.perf_counter() - t0, 1)
+    if not differences and update:
+        former = summary.get("code") or {}
+        note = {"date": time.strftime("%Y-%m-%d"), "device": fresh["device"], "atol": atol,
+                "former_git": former.get("git"),
+                "former_changed": sorted(stale_modules(former) or []) if former else "unrecorded"}
+        store_summary(path, {**summary, "code": code_record(cfg.local, cfg.strategy),
+                             "reproduced": [*summary.get("reproduced", []), note]})
+    return {"path": str(path), "status": "differs" if differences else "reproduced", "differences": differences,
+            "seconds": seconds}

@@ -49,7 +49,7 @@ import pandas as pd
 import torch
 
 from ftta_core import plots, style, tables
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
 from ftta_core.notebooks import smoke_mode
 from ftta_core.strategies import build_strategy
@@ -150,8 +150,9 @@ print(f"On this stream: {' > '.join(f'{m} {accs[m]:.2f}' for m in order)} (seed 
 # %%
 from IPython.display import Markdown
 
-from ftta_core.paper import (METHOD_LABELS, beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs,
-                             tta_grad_cells, tta_grad_cells_reading)
+from ftta_core.paper import METHOD_LABELS
+from ftta_core.fedtsa.table1 import (beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs, tta_grad_cells,
+                                     tta_grad_cells_reading)
 
 all_seeds = list(range(5))
 methods = [m for m in METHOD_LABELS if m != "source"]

@@ -46,8 +46,9 @@ from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
-from ftta_core.workbook import (CASE_STUDY_ALL, CASE_STUDY_GROUPS, case_study_domains, case_study_reading,
-                                case_study_table, group_weight_shares, run_stored, same_domain_weight)
+from ftta_core.scenarios import CASE_STUDY_ALL, CASE_STUDY_GROUPS
+from ftta_core.fedtsa.case_study import case_study_domains, case_study_reading, case_study_table
+from ftta_core.workbook import group_weight_shares, run_stored, same_domain_weight
 
 style.use()
 smoke = smoke_mode(smoke)
@@ -134,7 +135,7 @@ fig.colorbar(axes[0, 0].images[0], ax=axes[:, 0], label=style.W_LABEL, shrink=0.
 
 # %% [markdown]
 # ## Reading it
-# Computed from the tables above (`workbook.case_study_reading`): the ordering of the methods beside the paper's, and
+# Computed from the tables above (`fedtsa.case_study.case_study_reading`): the ordering of the methods beside the paper's, and
 # in the highlighted slot where each client's weight goes.
 
 # %%

@@ -27,7 +27,7 @@
 # No server training and nothing kept between rounds (the reference code's EMA of `mu` is an option). This notebook
 # opens one round on a small stream of the embedded digits, reads the CIFAR-10-C Table I runs stored so far, shows
 # the measured server cost against FedTSA, and runs the Table IV and Fig. 5 ablations on the digits. Implementation:
-# `ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta_study.py`, `paper.py`, `server_cost.py`, `plots.py`.
+# `ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta/` (`study.py`, `tables.py`, `server_cost.py`), `paper.py`, `plots.py`.
 
 # %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1) runs a few steps and a subset of each grid
@@ -59,16 +59,16 @@ import torch
 from IPython.display import Markdown, display
 
 from ftta_core import plots, style, tables
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
-from ftta_core.fedctta_study import (Variant, batch_size_variants, clean_probe_images, cluster_groups,
+from ftta_core.fedctta.study import (Variant, batch_size_variants, clean_probe_images, cluster_groups,
                                      distance_contrast, fedctta_round, interval_variants, live_grid, reading,
                                      split_table4, table4_variants, temperature_variants)
 from ftta_core.notebooks import smoke_mode
-from ftta_core.paper import (METHOD_LABELS, TTA_SETTINGS, beside_fedctta_table1, beside_fedctta_table4,
-                             beside_fedctta_table3, beside_per_corruption, missing_table1_runs, paper_table, stored_table1_runs,
-                             table1_config)
-from ftta_core.server_cost import scaling_table
+from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
+from ftta_core.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4, beside_fedctta_table3
+from ftta_core.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
+from ftta_core.fedctta.server_cost import scaling_table
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local

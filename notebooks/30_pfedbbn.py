@@ -112,7 +112,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from ftta_core import imbalance, plots, style, tables
+from ftta_core.pfedbbn import imbalance
+from ftta_core import plots, style, tables
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import paper_table
 from ftta_core.workbook import per_domain_table, run_grid, stored_summaries
@@ -294,7 +295,8 @@ else:
 # %%
 from IPython.display import Markdown
 
-from ftta_core import fidelity, temperature
+from ftta_core import fidelity
+from ftta_core.pfedbbn import temperature
 
 if smoke:
     t_base, t_dir = base, tempfile.mkdtemp()

@@ -171,7 +171,8 @@ if not rates.empty:
 # each group with its figures). A claim without stored runs says so.
 
 # %%
-from ftta_core import fidelity, temperature
+from ftta_core import fidelity
+from ftta_core.pfedbbn import temperature
 
 pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/runs/temperature",
                                                           "../figures/pfedbbn/runs")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ftta_core.engine.bank import make_bank
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.rng import torch_generator
 from ftta_core.strategies import build_strategy
 from ftta_core.strategies.base import ServerInputs, check_collaboration

@@ -1,4 +1,4 @@
-"""``build_run``: every runner (run_experiment, run_strategies, fedctta_study.run_live, leakage.collect_uploads, the
+"""``build_run``: every runner (run_experiment, run_strategies, fedctta.study.run_live, leakage.collect_uploads, the
 Flower server) builds through it and gives the same result on the same config, participation included; a run gives
 torch its thread count back, also when a step fails."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from ftta_core.build import Recorder, build_run, build_strategy_for, run_length
-from ftta_core.engine.loop import run_steps
+from ftta_core.loop import run_steps
 from ftta_core.experiment import ExperimentConfig, run_experiment, run_strategies
-from ftta_core.fedctta_study import run_live
+from ftta_core.fedctta.study import run_live
 from ftta_core.leakage import collect_uploads
 
 BASE = dict(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "fog"], clients=4,
@@ -102,7 +102,7 @@ def test_a_run_restores_torchs_thread_count():
 
 
 def test_a_failing_step_still_restores_the_thread_count(monkeypatch):
-    from ftta_core.engine import loop as loop_mod
+    import ftta_core.loop as loop_mod
 
     before = torch.get_num_threads()
     calls = {"n": 0}

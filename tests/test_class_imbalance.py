@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from ftta_core import imbalance
-from ftta_core.engine.loop import class_counts
+from ftta_core.pfedbbn import imbalance
+from ftta_core.loop import class_counts
 from ftta_core.experiment import (ClassTally, ExperimentConfig, build_scenario, run_experiment, run_strategies)
 from ftta_core.paper import paper_table
 from ftta_core.stream import CorruptedDomains, Stream
@@ -90,7 +90,7 @@ def test_shared_pass_records_the_same_class_tables():
 def test_resume_keeps_the_class_totals(tmp_path, monkeypatch):
     cfg = ExperimentConfig(**SMALL, label_alpha=0.1, local="tent", strategy="fedavg", slot_steps=3)
     full = run_experiment(cfg)
-    import ftta_core.engine.loop as loop_mod
+    import ftta_core.loop as loop_mod
 
     original, calls = loop_mod.Engine.step, {"n": 0}
 

@@ -50,7 +50,7 @@ def test_paper_numbers_are_the_fedtsa_table():
 
 
 def test_local_row_is_derived_from_accuracy_local_under_tta_bn():
-    from ftta_core.paper import beside_fedtsa_table1
+    from ftta_core.fedtsa.table1 import beside_fedtsa_table1
 
     grid = pd.DataFrame({"strategy": ["fedavg", "fedavg"], "setting": ["niid", "niid"], "seed": [0, 1],
                          "accuracy": [50.0, 52.0], "accuracy_local": [55.0, 57.0], "accuracy_source": [30.0, 31.0]})

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from ftta_core import experiment
-from ftta_core.cli import _key_values, main, read_config
+from ftta_core.cli import main, read_config
+from ftta_core.cli_config import key_values as _key_values
 from ftta_core.data.cache import DataIntegrityError
 from ftta_core.experiment import DATASET_DEFAULTS, ExperimentConfig
 from ftta_core.workbook import summary_config

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.engine.mixing import mix_state, restrict_to_valid, validate_uploads
 from ftta_core.experiment import ExperimentConfig, run_experiment
 from ftta_core.strategies import build_strategy
@@ -127,7 +127,7 @@ def test_same_seed_same_table_and_resume_without_loss_or_duplicates(tmp_path, mo
     class Interrupt(Exception):
         pass
 
-    import ftta_core.engine.loop as loop_mod
+    import ftta_core.loop as loop_mod
 
     calls = {"n": 0}
     original = loop_mod.Engine.step

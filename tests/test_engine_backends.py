@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from ftta_core.engine.bank import OptimizerSpec, make_bank
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.models import build_model
 from ftta_core.strategies import STRATEGIES, build_strategy
 from ftta_core.tta import LOCAL_METHODS, build_local, select_parameters

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ftta_core.engine.bank import make_bank
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.rng import torch_generator
 from ftta_core.stream import StreamBatch
 from ftta_core.strategies import STRATEGIES, build_strategy, check_collaboration

@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.fedctta_study import (TABLE4_CELLS, Variant, batch_size_variants, build_variant, cluster_groups, distance_contrast,
-                                     fedctta_round, heterogeneity_reading, live_grid, reading, run_live, split_table4,
-                                     table4_variants)
-from ftta_core.paper import (beside_fedctta_table1, beside_fedctta_table4, missing_table1_runs, paper_table,
-                             stored_table1_runs, table1_config)
-from ftta_core.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
-                                   model_dims, peak_allocation, probe_forward_cost, scaling_table, server_round,
-                                   summarize_rounds, synthetic_inputs, tensor_bytes, upload_bytes, upload_shapes)
+from ftta_core.fedctta.study import (TABLE4_CELLS, Variant, batch_size_variants, build_variant, cluster_groups,
+                                     distance_contrast, fedctta_round, heterogeneity_reading, live_grid, reading,
+                                     run_live, split_table4, table4_variants)
+from ftta_core.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4
+from ftta_core.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
+from ftta_core.paper import paper_table
+from ftta_core.fedctta.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
+                                           model_dims, peak_allocation, probe_forward_cost, scaling_table, server_round,
+                                           summarize_rounds, synthetic_inputs, tensor_bytes, upload_bytes,
+                                           upload_shapes)
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.workbook import config_key
@@ -252,7 +254,7 @@ def test_run_live_equals_run_experiment(tiny_cfg):
 
 
 def test_fedctta_round_recomputes_the_engine_w(tiny_cfg):
-    from ftta_core.engine.loop import Engine
+    from ftta_core.loop import Engine
     from ftta_core.experiment import build_stream
     from ftta_core.tta import build_local
 
@@ -319,7 +321,7 @@ def test_reading_states_the_computed_numbers():
 
 
 def test_case_study_order_says_when_the_orders_agree():
-    from ftta_core.fedctta_study import case_study_order
+    from ftta_core.fedctta.study import case_study_order
 
     index = pd.MultiIndex.from_product([["No-Adapt", "FedCTTA", "FedTSA"], ["ours", "paper"]], names=["method", "who"])
     table3 = pd.DataFrame({"mean (slots run)": [60.0, 58.0, 70.0, 65.7, 69.0, 64.0]}, index=index)
@@ -367,7 +369,7 @@ def test_stored_table1_runs_count_summaries_written_before_a_config_field_existe
 
 
 def test_beside_fedctta_table3_lines_up_slots_and_gains_over_no_adapt():
-    from ftta_core.paper import beside_fedctta_table3
+    from ftta_core.fedctta.tables import beside_fedctta_table3
     from ftta_core.workbook import StoredRun
 
     slots = pd.DataFrame([{"slot": s, "client": c, "domain": "d", "n": 10, "accuracy_source": 50.0,

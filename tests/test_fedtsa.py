@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.strategies import STRATEGIES, build_strategy, check_collaboration
 from ftta_core.strategies.base import ServerInputs, cosine_from_gram, gram_matrix, lookahead_of
 from ftta_core.strategies.fedtsa import VARIANTS, FedTSA, IndicatorMemory, variant_name
@@ -518,7 +518,7 @@ def test_rounds_computed_ahead_on_server_threads_give_the_same_run(monkeypatch, 
     threads."""
     import threading
 
-    from ftta_core.engine.loop import run_steps
+    from ftta_core.loop import run_steps
 
     threads, batches = [], []
     train = FedTSA._train
@@ -656,7 +656,7 @@ def test_run_with_rounds_ahead_interrupted_and_resumed_is_the_plain_run(tmp_path
     """``run_experiment`` with server threads, killed mid-run and resumed from its checkpoint: the same steps and W
     as the run that computes each round in its step (the plan is dropped with the interrupted engine and rebuilt
     from the restored memory)."""
-    import ftta_core.engine.loop as loop_mod
+    import ftta_core.loop as loop_mod
     from ftta_core.experiment import ExperimentConfig, run_experiment
 
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
@@ -690,7 +690,7 @@ def test_run_with_rounds_ahead_interrupted_and_resumed_is_the_plain_run(tmp_path
 def test_by_default_every_thread_serves_rounds_ahead_and_clients_keep_half():
     """One torch thread: no server thread (a run-plan worker keeps its one core). Four: four server threads, and
     the clients run on two threads until ``close`` restores the count."""
-    from ftta_core.engine.loop import default_server_threads
+    from ftta_core.loop import default_server_threads
 
     assert default_server_threads() == 0  # the one_thread fixture
     assert default_server_threads("cuda:0") == 2  # on a GPU the threads only launch the (batched) rounds
@@ -719,7 +719,7 @@ def test_warm_start_and_untrained_variants_do_not_plan_ahead():
 def test_claims_reading_pairs_seeds_and_names_each_verdict():
     """Notebook 10's reading of Table 1: NIID 'ahead' only when FedTSA leads at every paired seed; IID a match
     within the tolerance; a missing FedTSA row is said, not guessed."""
-    from ftta_core.paper import fedtsa_claims_reading
+    from ftta_core.fedtsa.table1 import fedtsa_claims_reading
 
     rows = []
     for seed in range(3):

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from ftta_core.fidelity import accuracies, claims_reading, claims_table, fedavgm_claims, paired, verdict
-from ftta_core.paper import table1_config
+from ftta_core.fedtsa.table1 import table1_config
 from ftta_core.runstore import store_summary
 from ftta_core.workbook import config_key
 

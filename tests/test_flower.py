@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream, local_params, run_experiment, strategy_params
 from ftta_core.fedacross import ClientSpec, ModelSpec, build_model, merge_adapters, run_client
 from ftta_core.fedacross.study import ClientFeatures, support_indices

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream, local_params, run_experiment, strategy_params
 from ftta_core.flower import run_inprocess
 from ftta_core.flower.deploy import client_app, run_config_of, server_app

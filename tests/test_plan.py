@@ -7,7 +7,8 @@ import pytest
 
 from ftta_core.cli import main
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.plan import PLAN_ENV, read_plan, run_plan
+from ftta_core.plan import PLAN_ENV, read_plan
+from ftta_core.plan_runner import run_plan
 from ftta_core.workbook import run_grid, run_strategy_grid
 
 BASE = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=5,

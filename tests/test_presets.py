@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from ftta_core.experiment import ExperimentConfig, identity_of
-from ftta_core.paper import TTA_SETTINGS, table1_config
+from ftta_core.paper import TTA_SETTINGS
+from ftta_core.fedtsa.table1 import table1_config
 from ftta_core.workbook import config_key, stored_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -170,7 +171,7 @@ def test_heterogeneity_presets_give_every_point_of_the_sweeps(rel, strategy):
 
 
 def test_pfedbbn_presets_are_the_table1_grid():
-    from ftta_core import imbalance
+    from ftta_core.pfedbbn import imbalance
 
     base = imbalance.pfedbbn_config()
     variants = imbalance.table1_variants(base)

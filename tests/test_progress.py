@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from ftta_core import notebooks, plan, workbook
+from ftta_core import notebooks, plan, plan_runner, workbook
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.progress import PROGRESS_ENV, papermill_progress, progress_bar, progress_wanted
 
@@ -72,7 +72,7 @@ def counted_bars(monkeypatch):
 
     monkeypatch.setenv(PROGRESS_ENV, "1")
     monkeypatch.setattr(workbook, "progress_bar", keep)
-    monkeypatch.setattr(plan, "progress_bar", keep)
+    monkeypatch.setattr(plan_runner, "progress_bar", keep)
     return bars
 
 
@@ -87,9 +87,9 @@ def test_grid_progress_bars_count_the_runs(counted_bars, tmp_path):
 
 
 def test_run_plan_progress_bar_counts_the_jobs(counted_bars, monkeypatch):
-    monkeypatch.setattr(plan, "_init_worker", lambda threads: None)
-    monkeypatch.setattr(plan, "_run_before", lambda job, deadline: {"job": job.describe(), "runs": 1})
+    monkeypatch.setattr(plan_runner, "_init_worker", lambda threads: None)
+    monkeypatch.setattr(plan_runner, "_run_before", lambda job, deadline: {"job": job.describe(), "runs": 1})
     jobs = [plan.PlannedJob({"local": "bn", "scenario": "x", "strategy": s, "seed": 0}, "r") for s in "abc"]
-    plan.run_plan(jobs, workers=1, log=lambda line: None)
+    plan_runner.run_plan(jobs, workers=1, log=lambda line: None)
     (bar,) = counted_bars
     assert (bar.n, bar.total) == (3, 3)

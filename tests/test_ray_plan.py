@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.plan import read_plan, run_plan
+from ftta_core.plan import read_plan
+from ftta_core.plan_runner import run_plan
 from ftta_core.plugins import PLUGINS_ENV
 from ftta_core.ray_plan import RAY_BIN, LocalCluster, add_ray_option, plan_executor, run_plan_ray, worker_env
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.strategies import build_strategy
 from ftta_core.strategies.fedctta import similarity_matrix
 from ftta_core.strategies.base import ServerInputs

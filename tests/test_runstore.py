@@ -15,7 +15,8 @@ import torch
 import ftta_core.experiment as experiment
 import ftta_core.runstore as runstore
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.runstore import (RunLock, RunStoreError, code_record, read_summary, run_status, scan_table,
+from ftta_core.build import code_record
+from ftta_core.runstore import (RunLock, RunStoreError, read_summary, run_status, scan_table,
                                 source_hash, stale_modules, usable)
 from ftta_core.workbook import config_key, run_grid
 
@@ -202,7 +203,9 @@ def test_source_hash_ignores_docstrings_and_comments_but_not_code():
 def test_code_record_names_the_methods_modules_and_the_run_loop():
     record = code_record("tent", "fedtsa")["modules"]
     assert {"ftta_core.tta.basic", "ftta_core.tta.base", "ftta_core.strategies.fedtsa",
-            "ftta_core.strategies.ts_block", "ftta_core.engine.loop", "ftta_core.experiment:run_experiment"} <= set(record)
+            "ftta_core.strategies.ts_block", "ftta_core.loop", "ftta_core.build", "ftta_core.experiment:run_experiment",
+            "ftta_core.experiment:_run"} <= set(record)
+    assert all(record.values()), [name for name, digest in record.items() if not digest]  # every name is found
     assert "ftta_core.strategies.fedamp" not in record and "ftta_core.tta.cotta" not in record
     assert stale_modules(code_record("bn", "fedavg")) == []
 
@@ -226,6 +229,34 @@ def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, capl
     rerun = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
     assert rerun.accuracy.iloc[0] == first.accuracy.iloc[0]
     assert run_status(read_summary(path)) == "current"
+
+
+def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_path, capsys, reference):
+    from ftta_core.cli import main
+
+    results = tmp_path / "results"
+    cfg = ExperimentConfig(**SMALL, local="bn", strategy="fedamp", seed=0, smoke=True)
+    run_grid(cfg, {"fedamp": {}}, [0], results_dir=results, progress=False)
+    path = results / f"{config_key(cfg)}.json"
+    stored = json.loads(path.read_text())
+    stale = {**stored, "code": {**stored["code"], "modules": {**stored["code"]["modules"],
+                                                              "ftta_core.strategies.fedamp": "0" * 16}}}
+    path.write_text(json.dumps(stale))  # as if FedAMP's code had changed since, without moving a number
+    assert run_status(read_summary(path)) == "stale"
+    assert main(["reproduce", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["status"] == "reproduced" and result["differences"] == []
+    again = read_summary(path)
+    assert run_status(again) == "current" and again["accuracy"] == stored["accuracy"]
+    assert again["reproduced"][0]["former_changed"] == ["ftta_core.strategies.fedamp"]
+    # a number that today's code does not make: reported, the file left as it is, exit status 1
+    wrong = {**stale, "accuracy_by_domain": {**stale["accuracy_by_domain"], "contrast": 1.0}}
+    path.write_text(json.dumps(wrong))
+    assert main(["reproduce", str(path)]) == 1
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["status"] == "differs" and result["differences"][0].startswith("accuracy_by_domain.contrast: 1.0 ->")
+    assert json.loads(path.read_text()) == wrong
+    assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
 
 
 def test_every_committed_run_is_read_by_the_store():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ftta_core.data import load_embedded_digits
-from ftta_core.engine.loop import Engine, run_steps
+from ftta_core.loop import Engine, run_steps
 from ftta_core.engine.source_cache import SourceCache, stream_key
 from ftta_core.scenarios import client_image_pools, fedtsa_scenario
 from ftta_core.stream import CLEAN, CorruptedDomains, Stream

@@ -399,7 +399,7 @@ def stream_batches(steps: int = 3):
 
 @pytest.mark.parametrize("name", NEW)
 def test_engine_backends_agree(name, tiny_model):
-    from ftta_core.engine.loop import Engine
+    from ftta_core.loop import Engine
     from ftta_core.tta import build_local
 
     batches = stream_batches()

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from ftta_core.temperature import (HELD_OUT_SEED, curve, pfedbbn_claims, select_setting, setting_name,
-                                   temperature_variants)
+from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, curve, pfedbbn_claims, select_setting, setting_name,
+                                           temperature_variants)
 
 
 def test_the_default_setting_is_stored_as_the_default():

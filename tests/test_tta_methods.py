@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from ftta_core.centralized import beside_reference, centralized_config, per_corruption_beside, run_centralized
 from ftta_core.engine.bank import OptimizerSpec, make_bank
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.rng import torch_generator
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local, select_parameters

@@ -13,7 +13,7 @@ import torch
 
 from ftta_core.corruptions import CORRUPTIONS, corrupt
 from ftta_core.data import load_embedded_digits
-from ftta_core.engine.loop import Engine
+from ftta_core.loop import Engine
 from ftta_core.engine.mixing import validate_uploads as validate_per_client
 from ftta_core.engine.uploads import (UploadGate, UploadPolicy, UploadSchema, by_name, reference_values,
                                       validate_uploads)
@@ -122,7 +122,7 @@ def test_one_faulty_client_is_rejected_and_the_others_are_unaffected(strategy, f
     local_key, where, names, change = FAULTS[fault]
     results = {}
     for backend in ("loop", "vectorized"):
-        with caplog.at_level(logging.WARNING, logger="ftta_core.engine.loop"):
+        with caplog.at_level(logging.WARNING, logger="ftta_core.loop"):
             caplog.clear()
             results[backend] = run(faulty(local_key, strategy, where, names, change, backend=backend))
             lines = [r.getMessage() for r in caplog.records if "rejected uploads" in r.getMessage()]

@@ -6,8 +6,10 @@ import pandas as pd
 import pytest
 
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.workbook import (CASE_STUDY_GROUPS, case_study_table, group_weight_shares, heterogeneity_sweep,
-                                markdown_table, over_seeds, run_grid, StoredRun, strategy_comparison)
+from ftta_core.scenarios import CASE_STUDY_GROUPS
+from ftta_core.fedtsa.case_study import case_study_table
+from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, markdown_table, over_seeds, run_grid,
+                                StoredRun, strategy_comparison)
 
 
 def test_group_weight_shares_split_each_row_of_w():
@@ -244,7 +246,8 @@ def test_paired_difference_says_within_seed_noise_when_signs_change_or_below_the
 
 
 def test_case_study_reading_orders_methods_and_reads_the_slot_from_its_tables():
-    from ftta_core.workbook import CASE_STUDY_ALL, case_study_reading
+    from ftta_core.scenarios import CASE_STUDY_ALL
+    from ftta_core.fedtsa.case_study import case_study_reading
 
     table = pd.DataFrame({"mean": [70.0, 72.0, 71.0]},
                          index=pd.MultiIndex.from_tuples([(CASE_STUDY_ALL, "fedavg"), (CASE_STUDY_ALL, "fedtsa"),

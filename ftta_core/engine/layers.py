@@ -18,6 +18,11 @@ from torch import nn
 BN_MODES = ("source", "batch", "given", "custom")
 
 
+def is_bn_stats(name: str, tensor: torch.Tensor) -> bool:
+    """True for a TTA-bn statistics entry: [N, 2, C] (mean, biased var; ``ClientBatchNorm2d``) keyed by its module, not a '.weight'/'.bias'."""
+    return tensor.dim() == 3 and tensor.shape[1] == 2 and name.rsplit(".", 1)[-1] not in ("weight", "bias")
+
+
 class Normaliser(Protocol):
     """What a BN layer in mode ``custom`` asks for its statistics (the extension point for RobustBN, BBN, ...).
 

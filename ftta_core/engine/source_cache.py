@@ -7,7 +7,7 @@ image bytes, so an entry is only ever used for the very images it was computed o
 scenario the run has; one cache holds one model (the digest of its ``state_dict``, checked when a file is read).
 
 Persisted (``save``) to one file per (model, stream) under ``cache_dir()/source_outputs`` (``open_for``), written
-atomically (``runstore.atomic_write``): concurrent runs of a grid each write a complete file and the last one wins.
+atomically (``data.cache.atomic_write``): concurrent runs of a grid each write a complete file and the last one wins.
 A file of another model is ignored. The values are those of the first run's forward, so a later run reads exactly
 what it would have recomputed, up to the bit when both ran with the same thread count (the test compares whole
 runs with and without the cache).
@@ -120,7 +120,7 @@ class SourceCache:
         """Write the entries to ``path`` (atomically) if new ones were added since the last save or load."""
         if self.path is None or not self._dirty:
             return
-        from ..runstore import atomic_write
+        from ..data.cache import atomic_write
 
         keys = list(self.entries)
         blob = {"format": FORMAT, "model": self.model, "keys": keys,
@@ -128,6 +128,7 @@ class SourceCache:
         buf = io.BytesIO()
         torch.save(blob, buf)
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(self.path, lambda fh: fh.write(buf.getvalue()))
         except OSError as err:
             log.warning("could not write the source-output cache file %s: %s", self.path, err)

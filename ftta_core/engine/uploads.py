@@ -14,7 +14,7 @@ Checks, per client and per uploaded name (the shared state's entries and the str
    for all clients, so there a mismatch rejects every present client; per-client uploads (a network server, or a
    local method returning a list of N tensors for a name) are checked client by client.
 2. **finite** -- no NaN or Inf (exact; from the same pass as the norms of check 4).
-3. **variance** -- in BN-statistics entries (``strategies.base.is_bn_stats``: [N, 2, C], row 1 = variance),
+3. **variance** -- in BN-statistics entries (``engine.layers.is_bn_stats``: [N, 2, C], row 1 = variance),
    every variance >= ``min_variance`` (0): a negative variance is no statistic at all (``rsqrt(var + eps)`` of it
    is NaN or huge for whoever mixes it in).
 4. **magnitude** (``UploadPolicy.magnitude``) -- per name, a client's scale ``s_i = ||x_i|| / sqrt(numel)`` (the
@@ -84,7 +84,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, U
 import torch
 from torch import nn
 
-from ..strategies.base import is_bn_stats
+from .layers import is_bn_stats
 
 # an upload name's value: stacked over clients [N, ...], or one tensor (or None: not sent) per client
 Upload = Union[torch.Tensor, Sequence[Optional[torch.Tensor]]]

@@ -47,7 +47,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..build import build_local_for, build_strategy_for
 from ..engine.bank import make_bank
-from ..engine.loop import ServerRound, participants, server_round
+from ..loop import ServerRound, participants, server_round
 from ..engine.uploads import UploadGate, UploadPolicy, by_name, describe_rejections, reference_values
 from ..experiment import ExperimentConfig
 from ..rng import derive_seed
@@ -149,7 +149,7 @@ def client_reply(client: EngineClient, msg: Message) -> Message:
 def server_step(strategy, gate: UploadGate, step: int, states: List[Optional[Mapping[str, torch.Tensor]]],
                 uploads: List[Optional[Mapping[str, torch.Tensor]]], present: torch.Tensor,
                 sizes: torch.Tensor) -> ServerRound:
-    """The server half of ``Engine.server_phase`` (``engine.loop.server_round``, the same function) on per-client
+    """The server half of ``Engine.server_phase`` (``loop.server_round``, the same function) on per-client
     uploads (None: the client is absent): check them (``gate``), compute W over the accepted clients, mix; a
     rejected or absent client keeps its own state. One client's upload never raises here: what fails a check is
     rejected."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from ..registry import build_named, register_strategy
+from ..registry import build_named, decorator
 from .base import ServerInputs, Strategy, check_collaboration, row_softmax
 from .basic import FedAvg, FedAvgFT, Local
 from .fedamp import FedAMP
@@ -32,6 +32,11 @@ STRATEGIES: Dict[str, Callable[..., Strategy]] = {
     "fedctta": FedCTTA,
     "pfedbbn": PFedBBN,
 }
+
+register_strategy = decorator("strategy", STRATEGIES, Strategy, """Register a server strategy under ``name``:
+``@register_strategy("mystrat")`` on a ``Strategy`` subclass or a factory function (keyword parameters = the config's
+``strategy_params``). ``register_strategy(name, obj)`` registers directly. A name already taken by another definition
+raises ``ValueError`` unless ``replace=True``.""")
 
 
 def build_strategy(name: str, **params: Any) -> Strategy:

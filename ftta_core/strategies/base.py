@@ -10,6 +10,7 @@ import torch
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
 from ..engine.average import mix_models
+from ..engine.layers import is_bn_stats  # noqa: F401  (a helper of the strategies; the layout is the bank's)
 
 if TYPE_CHECKING:  # only for annotations: the engine passes its local method to ``probe_uploads``
     from ..tta.base import LocalMethod
@@ -206,11 +207,6 @@ def size_fractions(inputs: ServerInputs) -> torch.Tensor:
     sizes = sizes * inputs.valid.cpu().double()
     total = sizes.sum()
     return sizes / total if total > 0 else torch.full((n,), 1.0 / n, dtype=torch.float64)
-
-
-def is_bn_stats(name: str, tensor: torch.Tensor) -> bool:
-    """True for a TTA-bn statistics entry: [N, 2, C] (mean, var) keyed by its module, not a '.weight'/'.bias'."""
-    return tensor.dim() == 3 and tensor.shape[1] == 2 and name.rsplit(".", 1)[-1] not in ("weight", "bias")
 
 
 def clone_state(state: StateDict) -> StateDict:

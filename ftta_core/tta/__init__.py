@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict
 
-from ..registry import build_named, register_local
+from ..registry import build_named, decorator
 from .base import GradientMethod, LocalMethod, select_parameters
 from .basic import BatchNormAdapt, PseudoLabel, Source, Tent, entropy
 from .cotta import CoTTA
@@ -23,6 +23,11 @@ LOCAL_METHODS: Dict[str, Callable[..., LocalMethod]] = {
     "rotta": RoTTA,
     "bbn": BBN,
 }
+
+register_local = decorator("local method", LOCAL_METHODS, LocalMethod, """Register a local method under ``name``:
+``@register_local("mytent")`` on a ``LocalMethod`` subclass or a factory function (keyword parameters = the config's
+``local_params``). ``register_local(name, obj)`` registers directly. A name already taken by another definition
+raises ``ValueError`` unless ``replace=True``.""")
 
 
 def build_local(name: str, **params: Any) -> LocalMethod:

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from .experiment import ExperimentConfig
+from ..experiment import ExperimentConfig
 
 TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
@@ -73,7 +73,7 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
     missing ones unless ``only_cached``; with ``FTTA_PLAN`` set, plans them). ``also_read``: folders of stored runs
     read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN.
     ``max_steps``: truncate every run (the held-out stream: ``HELD_OUT_STEPS``)."""
-    from .workbook import run_grid
+    from ..workbook import run_grid
 
     variants = dict(variants if variants is not None else {**temperature_variants(), **reference_variants()})
     frames = []
@@ -92,8 +92,8 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
 def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mapping[str, Mapping[str, Any]],
                    folders: Sequence[Path], max_steps: Optional[int] = None) -> pd.DataFrame:
     """The ``weight_shares`` of each row's stored summary (NaN for runs stored before summaries carried them)."""
-    from .runstore import read_summary
-    from .workbook import stored_path
+    from ..runstore import read_summary
+    from ..workbook import stored_path
 
     rows = []
     for r in table.to_dict("records"):
@@ -128,9 +128,9 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
     """pFedBBN's Table 1 claims at the chosen setting: above BBN alone and above FedAvg + BBN per alpha (paired by
     seed), and W clustering by domain (same-domain share above the uniform one), in ``fidelity.claims_table``'s
     row shape."""
-    from .fidelity import _row, paired, verdict
+    from ..fidelity import _row, paired, verdict
     from .imbalance import _paper_value, paper_column
-    from .paper import paper_table
+    from ..paper import paper_table
 
     paper = paper_table("pfedbbn_table1")
     paper = paper[paper.dataset == "cifar10"]
@@ -175,7 +175,7 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
     stream's shares (what the rule reads) as open markers. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from . import style
+    from .. import style
 
     alphas = sorted(grid["alpha"].unique(), reverse=True)
     fig, axes = plt.subplots(2, len(alphas), figsize=(min(style.MAX_WIDTH, 4.2 * len(alphas)), 6.2), squeeze=False,

@@ -17,15 +17,15 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from ..rng import torch_generator
-from ..stream import Stream, StreamBatch
-from ..strategies.base import (ServerInputs, Strategy, check_collaboration, client_regularizer, lookahead_of,
+from .rng import torch_generator
+from .stream import Stream, StreamBatch
+from .strategies.base import (ServerInputs, Strategy, check_collaboration, client_regularizer, lookahead_of,
                                probe_uploads)
-from ..tta.base import LocalMethod
-from .bank import ClientBank, make_bank
-from .mixing import restrict_to_valid
-from .source_cache import SourceCache, batch_digest, model_digest
-from .uploads import UploadGate, UploadPolicy, describe_rejections, reference_values
+from .tta.base import LocalMethod
+from .engine.bank import ClientBank, make_bank
+from .engine.mixing import restrict_to_valid
+from .engine.source_cache import SourceCache, batch_digest, model_digest
+from .engine.uploads import UploadGate, UploadPolicy, describe_rejections, reference_values
 
 log = logging.getLogger(__name__)
 

@@ -14,16 +14,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .build import build_run
-from .experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
-from .rng import numpy_generator
-from .stream import Stream
-from .strategies import build_strategy
-from .strategies.base import Strategy
+from ..build import build_run
+from ..experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
+from ..rng import numpy_generator
+from ..stream import Stream
+from ..strategies import build_strategy
+from ..strategies.base import Strategy
 
 if TYPE_CHECKING:
-    from .engine.loop import Engine, StepResult
-    from .stream import StreamBatch
+    from ..loop import Engine, StepResult
+    from ..stream import StreamBatch
 
 # Table IV of the paper: (probe data, statistic, distance), as in data/paper_numbers/fedctta_table4.csv
 TABLE4_CELLS = [(probes, "logits", d) for probes in ("random_noise", "clean_images")
@@ -42,7 +42,7 @@ class Variant:
 
 def clean_probe_images(dataset: str, m: int = 64, seed: int = 0) -> torch.Tensor:
     """``m`` clean training images [M, C, H, W] in [0, 1], drawn without replacement (the paper's 'selected' set)."""
-    from .data import load_dataset
+    from ..data import load_dataset
 
     base = load_dataset(dataset, "train")
     idx = numpy_generator(seed, "fedctta-clean-probes").choice(len(base), size=m, replace=False)
@@ -86,7 +86,7 @@ class FedCTTARound:
 def fedctta_round(engine: "Engine", batch: "StreamBatch") -> FedCTTARound:
     """Run one engine step with a FedCTTA strategy and return what its server computed, recomputed in the open
     from the clients' probe statistics (the engine's own W is kept beside it for comparison)."""
-    from .strategies.fedctta import PROBE_UPLOAD, FedCTTA, similarity_matrix, similarity_weights
+    from ..strategies.fedctta import PROBE_UPLOAD, FedCTTA, similarity_matrix, similarity_weights
 
     strategy = engine.strategy
     if not isinstance(strategy, FedCTTA):
@@ -119,8 +119,8 @@ def _variant_key(cfg: ExperimentConfig, variant: Variant) -> tuple:
     """(config hash, parameters that differ from the strategy's defaults; tensors by identity)."""
     import inspect
 
-    from .strategies import STRATEGIES
-    from .workbook import config_key
+    from ..strategies import STRATEGIES
+    from ..workbook import config_key
 
     defaults = {k: p.default for k, p in inspect.signature(STRATEGIES[variant.strategy]).parameters.items()}
     params = tuple(sorted((k, ("tensor", id(v)) if isinstance(v, torch.Tensor) else v)
@@ -135,7 +135,7 @@ def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Se
 
     With ``cache`` (a dict kept by the caller) a run with the same config, strategy and parameters as one already
     in it is read back instead of run again (e.g. FedCTTA at its defaults in several grids)."""
-    from .workbook import config_key
+    from ..workbook import config_key
 
     cache = {} if cache is None else cache
     streams: Dict[str, Stream] = {}
@@ -217,11 +217,11 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
 
     ``walk``: accuracy per strategy label (Local, FedAvg, FedCTTA) on the digits stream; ``shares``:
     ``workbook.group_weight_shares`` of FedCTTA's W; ``contrast``: ``distance_contrast`` at the opened step;
-    ``table4``: ``paper.beside_fedctta_table4``; ``grad_refs``: Local and FedAvg under TTA-grad; ``interval`` /
+    ``table4``: ``tables.beside_fedctta_table4``; ``grad_refs``: Local and FedAvg under TTA-grad; ``interval`` /
     ``temperature``: rows with columns interval / temperature and accuracy; ``batch``: columns strategy, batch,
-    accuracy; ``cost``: ``server_cost.scaling_table``; ``table1``: ``paper.stored_table1_runs``; ``rounds``: the
+    accuracy; ``cost``: ``server_cost.scaling_table``; ``table1``: ``fedtsa.table1.stored_table1_runs``; ``rounds``: the
     benchmark's memory-over-rounds rows (strategy, round, retained_bytes); ``table3``:
-    ``paper.beside_fedctta_table3`` of the stored case study; ``fig2``: ``workbook.heterogeneity_sweep`` tables
+    ``tables.beside_fedctta_table3`` of the stored case study; ``fig2``: ``workbook.heterogeneity_sweep`` tables
     keyed by the swept field ("sh", "th").
     """
     out = []
@@ -255,7 +255,7 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
             (", as the row softmax implies." if same_kl_ce else ".")
     cosine = table4[table4.distance == "cosine"]
     if len(cosine):
-        from .paper import paper_table
+        from ..paper import paper_table
 
         p1 = paper_table("fedctta_table1").set_index(["method", "dataset", "setting", "tta"])["mean"]
         p_avg, p_loc = p1[("FedAvg", "cifar10", "niid", "grad")], p1[("Local", "cifar10", "niid", "grad")]
@@ -328,7 +328,7 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
 
 def case_study_order(table3: pd.DataFrame) -> str:
     """The methods that both we and the paper ran, ranked by mean accuracy over the slots both have, ours beside the
-    paper's, and whether the two orders agree (``table3``: ``paper.beside_fedctta_table3``)."""
+    paper's, and whether the two orders agree (``table3``: ``tables.beside_fedctta_table3``)."""
     means = table3["mean (slots run)"].unstack("who")
     both = means.dropna()
     if len(both) < 2:
@@ -343,7 +343,7 @@ def case_study_order(table3: pd.DataFrame) -> str:
 def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
     """Fig. 2's claims checked on the sweeps: each strategy's change from the lowest to the highest SH (TH), which
     drops most, and at how many points FedCTTA is the best of the strategies stored there."""
-    from .paper import METHOD_LABELS
+    from ..paper import METHOD_LABELS
 
     label = lambda s: METHOD_LABELS.get(s, s)  # noqa: E731
     parts = []

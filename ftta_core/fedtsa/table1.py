@@ -1,0 +1,251 @@
+"""FedTSA Table 1 (Zhang et al.): the protocol's configs (``table1_config``, the runs ``fedtsa-table`` stores), the
+stored runs read back per column, our numbers beside the paper's with its claims checked, and the TTA-grad 2x2
+(BatchNorm on batch vs running statistics x SGD vs Adam). FedCTTA's Table I is the same protocol
+(``fedctta.tables``)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import pandas as pd
+
+from ..experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig, identity_of
+from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
+from ..runstore import read_summary
+from ..workbook import SUMMARY_KEYS
+
+
+def beside_fedtsa_table1(grid: pd.DataFrame, dataset: str, tta: str, methods: Sequence[str]) -> pd.DataFrame:
+    """Rows = methods (plus No-Adapt), columns = ours (mean ± std over seeds) and paper, for NIID and IID.
+
+    ``grid`` has one row per run with columns strategy, setting ('niid'/'iid'), seed, accuracy, accuracy_source.
+    """
+    paper = paper_table("fedtsa_table1")
+    paper = paper[(paper.dataset == dataset) & (paper.tta == paper_tta(tta))].set_index(["method", "setting"])
+    rows = []
+    for setting in ("niid", "iid"):
+        g = grid[grid.setting == setting]
+        if g.empty:
+            continue
+        src = g.groupby("seed")["accuracy_source"].first()
+        entries = [("No-Adapt", src)]
+        if tta == "bn" and "local" not in methods:
+            # under TTA-bn a client's prediction before mixing does not depend on the strategy (no state is
+            # carried between steps), so every run's accuracy_local is the Local number of its seed
+            entries.append(("Local", g.groupby("seed")["accuracy_local"].first()))
+        entries += [(METHOD_LABELS.get(m, m), g[g.strategy == m]["accuracy"]) for m in methods]
+        for label, values in entries:
+            if values.empty:
+                continue
+            key = (label, setting)
+            rows.append({"method": label, "setting": setting, "ours_mean": values.mean(),
+                         "ours_std": values.std(ddof=1) if len(values) > 1 else 0.0, "seeds": len(values),
+                         "paper_mean": paper.loc[key, "mean"] if key in paper.index else float("nan"),
+                         "paper_std": paper.loc[key, "std"] if key in paper.index else float("nan")})
+    out = pd.DataFrame(rows)
+    out["difference"] = out["ours_mean"] - out["paper_mean"]
+    return out
+
+
+def _per_seed(grid: pd.DataFrame, strategy: str, tta: str) -> pd.Series:
+    """Accuracy per seed of ``strategy`` in ``grid`` (Local under TTA-bn falls back to any run's pre-mixing
+    accuracy, which is Local's: see ``beside_fedtsa_table1``)."""
+    runs = grid[grid.strategy == strategy].groupby("seed")["accuracy"].first()
+    if runs.empty and strategy == "local" and tta == "bn" and len(grid):
+        runs = grid.groupby("seed")["accuracy_local"].first()
+    return runs
+
+
+def fedtsa_claims_reading(grid: pd.DataFrame, tta: str, dataset: str = "cifar10", tie: float = 0.5) -> str:
+    """FedTSA's Table 1 claims checked on our runs of one TTA mode: in NIID it beats Local and FedAvg, in IID it
+    matches FedAvg. ``grid`` as for ``beside_fedtsa_table1``. Differences are paired by seed (a seed fixes the
+    stream): 'beats' when FedTSA is ahead at every common seed, 'behind' when it is behind at every one, else within
+    seed noise (and 'by less than ``tie`` points' when that is all); 'matches' when the mean difference is at most
+    ``tie`` points."""
+    paper = paper_table("fedtsa_table1")
+    paper = paper[(paper.dataset == dataset) & (paper.tta == tta)].set_index(["method", "setting"])["mean"]
+    parts = []
+    for setting, others in (("niid", ("local", "fedavg")), ("iid", ("fedavg",))):
+        g = grid[grid.setting == setting]
+        ours = _per_seed(g, "fedtsa", tta)
+        if ours.empty:
+            parts.append(f"{setting.upper()}: no FedTSA run stored yet.")
+            continue
+        said = []
+        for other in others:
+            theirs = _per_seed(g, other, tta)
+            seeds = ours.index.intersection(theirs.index)
+            if not len(seeds):
+                said.append(f"no {METHOD_LABELS[other]} run at FedTSA's seeds")
+                continue
+            d = ours[seeds] - theirs[seeds]
+            if setting == "iid":
+                verdict = (f"a match within {tie:g} points" if abs(d.mean()) <= tie else
+                           f"{'ahead' if d.mean() > 0 else 'behind'} by more than {tie:g} points")
+            else:
+                verdict = "ahead" if (d > 0).all() else "behind" if (d < 0).all() else "within seed noise"
+                if verdict != "within seed noise" and abs(d.mean()) < tie:
+                    verdict += f" at every seed, by less than {tie:g} points"
+            spread = f" ± {d.std(ddof=1):.2f}" if len(d) > 1 else ""
+            said.append(f"{METHOD_LABELS[other]} {theirs[seeds].mean():.2f} ({d.mean():+.2f}{spread} over "
+                        f"{len(d)} paired seeds: {verdict})")
+        label = lambda m: f"{paper.get((m, setting), float('nan')):.2f}"  # noqa: E731
+        quoted = ", ".join(f"{METHOD_LABELS[m]} {label(METHOD_LABELS[m])}" for m in others)
+        parts.append(f"{setting.upper()}: FedTSA {ours.mean():.2f} against " + " and ".join(said) +
+                     f"; the paper: FedTSA {label('FedTSA')}, {quoted}.")
+    return f"**TTA-{tta}.** " + " ".join(parts)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A compact markdown rendering: 'mean ± std' for ours and the paper, and the difference."""
+    lines = ["| method | setting | ours (mean ± std, seeds) | paper (mean ± std) | ours − paper |", "|---|---|---|---|---|"]
+    for r in table.itertuples():
+        paper = "–" if pd.isna(r.paper_mean) else f"{r.paper_mean:.2f} ± {r.paper_std:.2f}"
+        diff = "–" if pd.isna(r.difference) else f"{r.difference:+.2f}"
+        lines.append(f"| {r.method} | {r.setting.upper()} | {r.ours_mean:.2f} ± {r.ours_std:.2f} ({r.seeds}) | "
+                     f"{paper} | {diff} |")
+    return "\n".join(lines) + "\n"
+
+
+
+TABLE1_SETTINGS = ("niid", "iid")
+
+
+def table1_config(dataset: str, setting: str, tta: str, device: str = "auto") -> ExperimentConfig:
+    """The base config of one Table I column, exactly as ``python -m ftta_core fedtsa-table`` builds it (so its
+    stored runs are found by config hash): 20 clients, batch 10, 500 images per client and corruption, severity 5."""
+    return ExperimentConfig(dataset=dataset, scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
+                            images_per_client=500, severity=5, device=device, backend="vectorized",
+                            **TTA_SETTINGS[tta])
+
+
+# config fields a FedTSA-protocol scenario does not read (their defaults changed over time: older stored runs carry
+# th = 1/15, newer ones 0.02); ignored when matching stored runs to a Table I column
+UNREAD_BY_FEDTSA_SCENARIOS = UNREAD_OUTSIDE_HETEROGENEITY
+
+
+def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: Sequence[int],
+                    strategy_params: Optional[Mapping[str, Any]] = None) -> bool:
+    ignore = {"strategy", "seed", "strategy_params", *UNREAD_BY_FEDTSA_SCENARIOS}
+    ours, wanted = identity_of(config), identity_of(base)  # fields added later count only away from their default
+    return (config.get("strategy") in strategies and config.get("seed") in seeds
+            and dict(config.get("strategy_params") or {}) == dict(strategy_params or {})
+            and all(ours.get(k) == wanted.get(k) for k in (set(ours) | set(wanted)) - ignore))
+
+
+def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds: Sequence[int],
+                       dataset: str = "cifar10", ttas: Sequence[str] = ("bn", "grad"),
+                       settings: Sequence[str] = TABLE1_SETTINGS,
+                       strategy_params: Optional[Mapping[str, Any]] = None) -> pd.DataFrame:
+    """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
+    with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ...).
+    ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
+    with ``run-plan``) instead of their defaults.
+
+    A stored summary counts for a column when its config equals ``table1_config`` for that column in every field
+    the scenario reads (the strategy at its defaults); the file names are config hashes, which also change with
+    fields the FedTSA scenarios ignore (``UNREAD_BY_FEDTSA_SCENARIOS``), so the configs are compared instead.
+    """
+
+
+    summaries = [read_summary(p) for p in sorted(Path(results_dir).glob("*.json"))]
+    rows = []
+    for tta in ttas:
+        for setting in settings:
+            base = table1_config(dataset, setting, tta).to_dict()
+            for s in summaries:
+                c = s.get("config", {})
+                if _matches_column(c, base, strategies, seeds, strategy_params):
+                    rows.append({"tta": tta, "setting": setting, "strategy": c["strategy"], "seed": c["seed"],
+                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}})
+    columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS]
+    grid = pd.DataFrame(rows, columns=columns) if not rows else pd.DataFrame(rows)
+    if len(grid):  # one run per (column, strategy, seed): a rerun under a newer default replaces nothing twice
+        grid = grid.drop_duplicates(["tta", "setting", "strategy", "seed"], keep="last")
+    return grid.sort_values(["tta", "setting", "strategy", "seed"]).reset_index(drop=True) if len(grid) else grid
+
+
+def missing_table1_runs(grid: pd.DataFrame, strategies: Sequence[str], seeds: Sequence[int],
+                        ttas: Sequence[str] = ("bn", "grad"),
+                        settings: Sequence[str] = TABLE1_SETTINGS) -> pd.DataFrame:
+    """Which (tta, setting, strategy) still lack which seeds in ``grid`` (from ``stored_table1_runs``)."""
+    have = set(zip(grid.get("tta", []), grid.get("setting", []), grid.get("strategy", []), grid.get("seed", [])))
+    rows = []
+    for tta in ttas:
+        for setting in settings:
+            for s in strategies:
+                missing = [seed for seed in seeds if (tta, setting, s, seed) not in have]
+                if missing:
+                    rows.append({"tta": tta, "setting": setting, "method": METHOD_LABELS.get(s, s),
+                                 "missing_seeds": " ".join(map(str, missing)), "stored": len(seeds) - len(missing)})
+    return pd.DataFrame(rows, columns=["tta", "setting", "method", "missing_seeds", "stored"])
+
+
+GRAD_CELLS = ("grad", "grad-adam", "grad-running", "grad-running-adam")
+
+
+def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/fedtsa_table1/runs",
+                   seeds: Sequence[int] = (0, 1, 2, 3, 4), settings: Sequence[str] = TABLE1_SETTINGS,
+                   strategies: Sequence[str] = ("local", "fedavg", "fedtsa")) -> pd.DataFrame:
+    """The TTA-grad 2x2 (BatchNorm {batch, running} x optimiser {SGD 1e-4, Adam 1e-5}) from stored Table 1 runs.
+
+    One row per (cell, setting): the cell's local settings, the seeds with a Local run, Local's accuracy, and,
+    paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
+    ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1), with the standard
+    deviation of the paired differences (``... sd``, NaN below 2 seeds). NaN where a run is missing."""
+    grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn", *GRAD_CELLS), settings)
+    paper = paper_table("fedtsa_table1")
+    paper = paper[paper.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
+    rows = []
+    for cell in GRAD_CELLS:
+        params = TTA_SETTINGS[cell]["local_params"]
+        for setting in settings:
+            g = grid[(grid.tta == cell) & (grid.setting == setting)] if len(grid) else grid
+            bn = grid[(grid.tta == "bn") & (grid.setting == setting)] if len(grid) else grid
+            local = _per_seed(g, "local", "grad") if len(g) else pd.Series(dtype=float)
+            local_bn = bn.groupby("seed")["accuracy_local"].first() if len(bn) else pd.Series(dtype=float)
+            row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
+                   "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
+            paired = local.index.intersection(local_bn.index)
+            gap = local[paired] - local_bn[paired]
+            row["local - local(bn)"] = gap.mean() if len(paired) else float("nan")
+            row["local - local(bn) sd"] = gap.std(ddof=1) if len(paired) > 1 else float("nan")
+            row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
+                                               - paper.get(("Local", setting, "bn"), float("nan")))
+            for s in strategies:
+                if s == "local":
+                    continue
+                theirs = _per_seed(g, s, "grad") if len(g) else pd.Series(dtype=float)
+                both = local.index.intersection(theirs.index)
+                label = METHOD_LABELS.get(s, s)
+                diff = theirs[both] - local[both]
+                row[f"{label} - local"] = diff.mean() if len(both) else float("nan")
+                row[f"{label} - local sd"] = diff.std(ddof=1) if len(both) > 1 else float("nan")
+                row[f"{label} seeds"] = len(both)
+                row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
+                                                  - paper.get(("Local", setting, "grad"), float("nan")))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
+    """Which cells of ``tta_grad_cells`` show the paper's TTA-grad pattern (Local(grad) clearly below Local(bn),
+    FedAvg clearly above Local: both by more than ``tie`` points), computed from the table; names the cells
+    without runs."""
+    parts = []
+    for d in table.to_dict("records"):
+        name = f"{d['cell']} ({d['setting'].upper()})"
+        gap, gain = d["local - local(bn)"], d.get("FedAvg - local", float("nan"))
+        if pd.isna(gap) and pd.isna(gain):
+            parts.append(f"{name}: no stored run")
+            continue
+        def versus(d: float, a: str, b: str) -> str:
+            side = "below" if d < -tie else "above" if d > tie else None
+            return f"{a} {side} {b} by more than {tie:g} points ({d:+.2f})" if side else \
+                f"{a} within {tie:g} points of {b} ({d:+.2f})"
+
+        fedavg = "no FedAvg run" if pd.isna(gain) else versus(gain, "FedAvg", "Local")
+        holds = (not pd.isna(gain)) and gap < -tie and gain > tie
+        parts.append(f"{name}, {d['seeds']} seed(s): {versus(gap, 'Local(grad)', 'Local(bn)')}, {fedavg}: the "
+                     f"paper's pattern {'holds' if holds else 'does not hold'}")
+    return "; ".join(parts) + "."
