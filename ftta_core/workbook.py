@@ -450,7 +450,8 @@ def ordering_phrase(means: Mapping[str, float], labels: Optional[Mapping[str, st
 
 
 # metadata of a stored summary: how and where it was made, not what it measured
-RUN_METADATA = ("config", "versions", "device", "wall_time_s", "threads", "server_threads", "code", "reproduced")
+RUN_METADATA = ("config", "versions", "device", "wall_time_s", "threads", "server_threads", "shared_pass", "code",
+                "reproduced")
 
 
 def _measured(summary: Mapping[str, Any]) -> Dict[str, Any]:
@@ -472,7 +473,8 @@ def _differences(old: Any, new: Any, atol: float, where: str = "") -> List[str]:
 
 def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None, update: bool = True) -> Dict[str, Any]:
     """Run a stored grid summary's config again with today's code and compare what it measured (every number,
-    per domain and per class included; ``atol`` 0: exactly). When they agree and ``update``, the summary's code
+    per domain and per class included, each field it has; ``atol`` 0: exactly; a run stored from a shared pass is
+    run alone, which the shared pass equals). When they agree and ``update``, the summary's code
     record becomes today's (``build.code_record``) and ``reproduced`` notes when, on what and from which former
     record, so a run made before a change that moved no number counts as current again; when they differ the file
     is left as it is. ``device``: run there instead of the recorded one (numbers then rarely agree exactly).
@@ -488,9 +490,8 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
         cfg = dataclasses.replace(cfg, device=device)
     t0 = time.perf_counter()
     fresh = grid_summary(run_experiment(cfg), cfg)
-    if "weight_shares" not in summary:  # stored before grids kept them: compare the rest
-        fresh.pop("weight_shares")
-    differences = _differences(_measured(summary), _measured(fresh), atol)
+    measured = _measured(summary)  # what it measured; a summary stored before a field existed lacks it
+    differences = _differences(measured, {k: v for k, v in _measured(fresh).items() if k in measured}, atol)
     seconds = round(time.perf_counter() - t0, 1)
     if not differences and update:
         former = summary.get("code") or {}

@@ -241,6 +241,7 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     stored = json.loads(path.read_text())
     stale = {**stored, "code": {**stored["code"], "modules": {**stored["code"]["modules"],
                                                               "ftta_core.strategies.fedamp": "0" * 16}}}
+    del stale["absent_uploads"]  # a field added after the run was stored is not asked of it
     path.write_text(json.dumps(stale))  # as if FedAMP's code had changed since, without moving a number
     assert run_status(read_summary(path)) == "stale"
     assert main(["reproduce", str(path)]) == 0
