@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from ftta_core.fedacross import (ClientSpec, EarlyStop, ModelSpec, adapt_client, adapter_state, build_model,
-                                 freeze_for_client, holdout_split, train_adapter, vessal_select,
+                                 holdout_split, train_adapter, vessal_select,
                                  vessal_select_per_class)
-from ftta_core.fedacross.client import _holdout_score, backbone_features, embed_features
+from ftta_core.fedacross.client import _holdout_score, backbone_features, client_copy, embed_features
 from ftta_core.fedacross.study import (A2_VARIANTS, ClientFeatures, a2_settling, a2_summary, evaluate_client,
                                        support_indices)
 from ftta_core.rng import numpy_generator, torch_generator
@@ -33,13 +33,7 @@ def _client(model, name: str, n_stream: int = 40, n_test: int = 20, seed: int = 
 
 def _previous_adapt_client(model, feats, labels, spec, seed, *keys):
     """The cached-feature loop as it was before the Alg. 1 options (the regression oracle for the defaults)."""
-    import copy
-
-    client = copy.deepcopy(model)
-    freeze_for_client(client)
-    params = [p for p in client.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.momentum > 0,
-                          weight_decay=spec.weight_decay)
+    client, opt = client_copy(model, spec)
     gen = torch_generator(seed, "fedacross", "client", *[str(k) for k in keys])
     n, steps = len(labels), 0
     client.adapter.train()

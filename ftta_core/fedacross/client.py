@@ -163,11 +163,7 @@ def train_adapter(model: FedAcrossNet, feats: torch.Tensor, labels: torch.Tensor
     """
     if spec.augment_through_backbone and (images is None or len(images) != len(labels)):
         raise ValueError("augment_through_backbone needs the support images (one per label)")
-    client = copy.deepcopy(model)
-    freeze_for_client(client)
-    params = [p for p in client.parameters() if p.requires_grad]
-    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.momentum > 0,
-                          weight_decay=spec.weight_decay)
+    client, opt = client_copy(model, spec)
     gen = torch_generator(seed, "fedacross", "client", *[str(k) for k in keys])
     aug_gen = torch_generator(seed, "fedacross", "client-augment", *[str(k) for k in keys])
     stop, log = spec.early_stop, TrainLog()
@@ -227,6 +223,16 @@ def train_adapter(model: FedAcrossNet, feats: torch.Tensor, labels: torch.Tensor
     if best_state is not None:
         load_adapter(client, best_state)
     return client.eval(), log
+
+
+def client_copy(model: "FedAcrossNet", spec: "ClientSpec") -> Tuple["FedAcrossNet", torch.optim.Optimizer]:
+    """A client's copy of the server model, frozen but for the adaptation module (``freeze_for_client``), and the
+    SGD optimiser of ``spec`` over what it trains."""
+    client = copy.deepcopy(model)
+    freeze_for_client(client)
+    params = [p for p in client.parameters() if p.requires_grad]
+    return client, torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, nesterov=spec.momentum > 0,
+                                   weight_decay=spec.weight_decay)
 
 
 def adapt_client(model: FedAcrossNet, feats: torch.Tensor, labels: torch.Tensor, spec: ClientSpec,
