@@ -194,6 +194,24 @@ def cell_contrasts(results_dir: Path | str = RESULTS_DIR, setting: str = "niid",
     return pd.DataFrame(rows)
 
 
+def setting_contrasts(results_dir: Path | str = RESULTS_DIR,
+                      strategies: Sequence[str] = ("fedavg", "fedtsa")) -> pd.DataFrame:
+    """The other factor of a claim: per TTA-grad cell, how Local and ``<strategy> - Local`` change from the NIID to
+    the IID protocol (which clients see which corruption), paired by seed; rows shaped like ``cell_contrasts``."""
+    rows = []
+    for cell, factors in CELL_FACTORS.items():
+        local = {s: accuracies(results_dir, cell, s, ("local", {})) for s in ("niid", "iid")}
+        quantities = [("Local", local["iid"], local["niid"])] + [
+            (f"{METHOD_LABELS[s]} - Local", (accuracies(results_dir, cell, "iid", (s, {})) - local["iid"]).dropna(),
+             (accuracies(results_dir, cell, "niid", (s, {})) - local["niid"]).dropna()) for s in strategies]
+        for what, after, before in quantities:
+            mean, sd, seeds = paired(after, before)
+            rows.append({"factor": "clients' corruptions", "from": "NIID", "to": "IID",
+                         "kept": f"{cell} (BN {factors[0]}, {factors[1]})", "quantity": what, "change": mean,
+                         "change sd": sd, "seeds": len(seeds), "setting": "niid -> iid"})
+    return pd.DataFrame(rows)
+
+
 def contrasts_reading(contrasts: pd.DataFrame, tie: float = 0.5) -> str:
     """The contrasts that move a quantity by more than ``tie`` points, largest first (computed)."""
     moved = contrasts[contrasts["change"].abs() > tie].sort_values("change", key=abs, ascending=False)

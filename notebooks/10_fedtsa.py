@@ -210,7 +210,9 @@ if len(ran):
 # Each row is one claim in one cell of the 2x2: the paper's difference (FedTSA Table 1; for FedAvg - Local also
 # FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code), ours paired by seed, and the
 # verdict with a tie band of 0.5 points (`ftta_core.fidelity`). The second table changes one factor at a time between
-# two cells that both have runs, so a claim that moves is traced to the factor that moved it, in stored runs.
+# two cells that both have runs (BN statistics, optimiser; and, within a cell, NIID -> IID: whether the clients whose
+# states are mixed see the same corruption), so a claim that moves is traced to the factor that moved it, in stored
+# runs.
 
 # %%
 from ftta_core import fidelity
@@ -219,9 +221,10 @@ claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir))
 claims = claims[claims.seeds > 0]
 claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict"]
 display(tables.show(claims.set_index(["claim", "settled by"])[claim_columns], best=None))
-contrasts = fidelity.cell_contrasts(results_dir)
+contrasts = pd.concat([fidelity.cell_contrasts(results_dir), fidelity.setting_contrasts(results_dir)],
+                      ignore_index=True)
 contrasts = contrasts[contrasts.seeds > 0]
-display(tables.show(contrasts.set_index(["factor", "from", "to", "quantity"])[["change", "change sd", "seeds"]],
+display(tables.show(contrasts.set_index(["factor", "from", "to", "kept", "quantity"])[["change", "change sd", "seeds"]],
                     best=None))
 display(Markdown(fidelity.claims_reading(claims) + " What moves them: " + fidelity.contrasts_reading(contrasts)))
 

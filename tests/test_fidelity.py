@@ -64,3 +64,17 @@ def test_cell_contrasts_change_one_factor_and_pair_seeds(tmp_path):
     assert pd.isna(c.loc[("sgd (grad-running)", "adam (grad-running-adam)", "Local"), "change"])  # not run
     assert contrasts_reading(cell_contrasts(tmp_path, strategies=("fedavg",))).startswith(
         "BN statistics batch (grad) -> running (grad-running) (sgd kept) moves FedAvg - Local by -7.00")
+
+
+def test_setting_contrasts_pair_niid_with_iid_per_cell(tmp_path):
+    from ftta_core.fidelity import contrasts_reading, setting_contrasts
+
+    for setting, local, fedavg in (("niid", 73.0, 65.0), ("iid", 73.0, 72.5)):
+        _store(tmp_path, "grad-running-adam", setting, "local", 0, local)
+        _store(tmp_path, "grad-running-adam", setting, "fedavg", 0, fedavg)
+    c = setting_contrasts(tmp_path, strategies=("fedavg",)).set_index(["kept", "quantity"])
+    cell = c.loc["grad-running-adam (BN running, adam)"]
+    assert cell.loc["Local", "change"] == 0.0 and cell.loc["FedAvg - Local", "change"] == 7.5
+    assert pd.isna(c.loc[("grad (BN batch, sgd)", "Local"), "change"])  # no runs in that cell
+    assert contrasts_reading(setting_contrasts(tmp_path, strategies=("fedavg",))).startswith(
+        "clients' corruptions NIID -> IID (grad-running-adam (BN running, adam) kept) moves FedAvg - Local by +7.50")
