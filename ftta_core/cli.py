@@ -152,12 +152,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("reproduce", help="run stored runs again and mark them current if every number agrees",
-                       description="Runs each stored summary file's config again with today's code (one at a time) "
-                                   "and compares everything it measured (accuracies per domain and class, uploads, "
-                                   "W's shares). When all agree, the file's code record becomes today's and a "
-                                   "'reproduced' note says when, on which device and from which former record: the "
-                                   "run counts as current again. When anything differs the file is left as it is "
-                                   "and the differences are printed. Exit status 1 if any run differs.")
+                       description=" ".join((cmd_reproduce.__doc__ or "").split()))
     p.add_argument("summaries", nargs="+", type=Path, help="stored summary files (e.g. figures/fedtsa_table1/runs/X.json)")
     p.add_argument("--atol", type=float, default=0.0, help="largest difference of a number that still agrees "
                                                             "(default 0: exactly)")
@@ -168,6 +163,11 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Runs each stored summary file's config again with today's code (one at a time) and compares everything it
+    measured (accuracies per domain and class, uploads, W's shares). When all agree, the file's code record becomes
+    today's and a 'reproduced' note says when, on which device and from which former record: the run counts as
+    current again. When anything differs the file is left as it is and the differences are printed. Exit status 1
+    if any run differs."""
     import torch
 
     from .workbook import reproduce
