@@ -186,12 +186,19 @@ def cell_contrasts(results_dir: Path | str = RESULTS_DIR, setting: str = "niid",
             keep = fa[1 - changed[0]]
             quantities = [("Local", local[b], local[a])] + [
                 (f"{METHOD_LABELS[s]} - Local", gaps[(b, s)].dropna(), gaps[(a, s)].dropna()) for s in strategies]
-            for what, after, before in quantities:
-                mean, sd, seeds = paired(after, before)
-                rows.append({"factor": factor, "from": f"{fa[changed[0]]} ({a})", "to": f"{fb[changed[0]]} ({b})",
-                             "kept": keep, "quantity": what, "change": mean, "change sd": sd, "seeds": len(seeds),
-                             "setting": setting})
+            rows += _contrast_rows(quantities, factor=factor, source=f"{fa[changed[0]]} ({a})",
+                                   target=f"{fb[changed[0]]} ({b})", kept=keep, setting=setting)
     return pd.DataFrame(rows)
+
+
+def _contrast_rows(quantities, factor: str, source: str, target: str, kept: str, setting: str) -> List[dict]:
+    """One contrast row per ``(quantity, after, before)``: the change paired by seed (``paired``)."""
+    rows = []
+    for what, after, before in quantities:
+        mean, sd, seeds = paired(after, before)
+        rows.append({"factor": factor, "from": source, "to": target, "kept": kept, "quantity": what, "change": mean,
+                     "change sd": sd, "seeds": len(seeds), "setting": setting})
+    return rows
 
 
 def setting_contrasts(results_dir: Path | str = RESULTS_DIR,
@@ -204,11 +211,8 @@ def setting_contrasts(results_dir: Path | str = RESULTS_DIR,
         quantities = [("Local", local["iid"], local["niid"])] + [
             (f"{METHOD_LABELS[s]} - Local", (accuracies(results_dir, cell, "iid", (s, {})) - local["iid"]).dropna(),
              (accuracies(results_dir, cell, "niid", (s, {})) - local["niid"]).dropna()) for s in strategies]
-        for what, after, before in quantities:
-            mean, sd, seeds = paired(after, before)
-            rows.append({"factor": "clients' corruptions", "from": "NIID", "to": "IID",
-                         "kept": f"{cell} (BN {factors[0]}, {factors[1]})", "quantity": what, "change": mean,
-                         "change sd": sd, "seeds": len(seeds), "setting": "niid -> iid"})
+        rows += _contrast_rows(quantities, factor="clients' corruptions", source="NIID", target="IID",
+                               kept=f"{cell} (BN {factors[0]}, {factors[1]})", setting="niid -> iid")
     return pd.DataFrame(rows)
 
 

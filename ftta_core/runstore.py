@@ -26,9 +26,9 @@ at once with one line. A folder holding a finished run of another config is neve
 **Code records.** Every summary records the code that made it (``code_record_of``; a simulated run's record is
 ``build.code_record``): a hash per source module the run depends on (the local method's and strategy's modules and
 what they import, the loop, engine, stream, scenarios, corruptions, models, data loaders, ``build`` and
-``experiment``'s run functions), hashed from the syntax tree without docstrings, so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is ``current``,
-``stale`` (a module it depends on changed: ``stale_modules`` names them) or ``unrecorded`` (stored before records
-existed). Grids never reuse a stale run silently: they warn and, with ``FTTA_RERUN_STALE=1``, run it again.
+``experiment``'s run functions), hashed from the syntax tree without docstrings, so comments, docstrings and
+formatting do not count. ``run_status`` says whether a stored run is ``current``, ``stale`` (a module it depends
+on changed: ``stale_modules`` names them) or ``unrecorded`` (stored before records existed). Grids never reuse a stale run silently: they warn and, with ``FTTA_RERUN_STALE=1``, run it again.
 """
 from __future__ import annotations
 

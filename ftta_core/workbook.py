@@ -283,8 +283,6 @@ def read_stored(out_dir: Path, strategies: Sequence[str]) -> Dict[str, StoredRun
             for s in strategies if (out_dir / s / "summary.json").exists()}
 
 
-
-
 def markdown_table(table: pd.DataFrame, digits: int = 2) -> str:
     """A plain markdown rendering of any table (floats rounded to ``digits``; the index is kept as columns)."""
     flat = table.reset_index() if not isinstance(table.index, pd.RangeIndex) else table
