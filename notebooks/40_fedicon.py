@@ -66,9 +66,11 @@ fig3_epochs = [1, 2, 3]
 results_dir = "../figures/fedicon/"
 shift_seeds = None         # seeds of Tables 7, 2, 5 and 4 (None: the same as seeds; fewer to fit a CPU budget)
 table7_methods = ["Local", "FedAvg", "FedProx", "FedTHE", "Tent", "EATA", "T3A", "FedICON"]
-run_office = False         # Office-Caltech-10 (Tables 2 and 5), ResNet-18 (slow on one CPU thread)
+run_office = False         # Office-Caltech-10 (Tables 2 and 5)
+office_arch = "cnn2"       # the paper's two-layer CNN (App. A.4); "resnet18": random-init ResNet-18
 office_size = 32
 office_rounds = 5
+office_seeds = None        # seeds of Tables 2 and 5 (None: shift_seeds)
 office_methods = ["Local", "FedAvg", "FedTHE", "Tent", "T3A", "FedICON"]
 office_test_fraction = 0.2  # Table 5: share of each domain held back as its client's (corrupted) test set
 run_cifar = False          # CIFAR-10 label skew, 20 clients (slow on one CPU thread)
@@ -77,6 +79,11 @@ cifar_n_train = 100
 cifar_n_test = 50
 cifar_rounds = 10
 cifar_methods = ["Local", "FedAvg", "FedAvg-FT", "FedTHE", "Tent", "T3A", "FedICON"]
+budget_rounds = 20         # Table 1 again at a larger budget, nearer the paper's (100 rounds x 5 local epochs, lr 0.01)
+budget_local_epochs = 5
+budget_lr = 0.01
+budget_seeds = [0, 1, 2]   # [] skips the section
+budget_methods = ["Local", "FedAvg", "FedRep", "Tent", "T3A", "FedICON", "FedICON w/o TTA"]
 
 # %%
 import tempfile
@@ -93,7 +100,7 @@ from ftta_core.fedicon import (TABLE1_METHODS, TrainConfig, TTAConfig, cifar_lab
                                digit_covariate_clients, digit_lodo_clients, method_table, office_covariate_clients,
                                office_lodo_clients, run_methods)
 from ftta_core.fedicon.data import DIGIT_CLIENT_DOMAINS, OFFICE_CLIENT_DOMAINS
-from ftta_core.fedicon.report import (ablation_table, beside_paper, digits_reading, mean_by_method,
+from ftta_core.fedicon.report import (ablation_table, beside_paper, budget_reading, digits_reading, mean_by_method,
                                       other_settings_reading, paired_verdict, paper_columns, shift_cost_reading,
                                       shift_table)
 from ftta_core.fedicon.study import ABLATION, ablation_name
@@ -107,7 +114,9 @@ if smoke:
     seeds, rounds, n_train, n_test, fig3_n_train = seeds[:1], 1, 32, 16, 32
     fig3_clients, fig3_epochs, run_office, run_cifar = fig3_clients[:2], fig3_epochs[:2], False, False
     table7_methods = ["FedAvg", "FedICON"]
+    budget_rounds, budget_local_epochs, budget_seeds, budget_methods = 1, 2, seeds, ["FedAvg", "FedICON"]
 shift_seeds = seeds if shift_seeds is None or smoke else list(shift_seeds)
+office_seeds = shift_seeds if office_seeds is None else list(office_seeds)
 out_dir = Path(results_dir)
 out_dir.mkdir(parents=True, exist_ok=True)
 cache = Path(tempfile.mkdtemp()) if smoke else out_dir / "cache"
@@ -132,7 +141,9 @@ digit_methods = list(TABLE1_METHODS) + ["FedICON-us", "FedICON w/o TTA"]  # TABL
 rows_digits = run_methods(cache, digits, digit_methods, seeds, build_digits, "cnn2", train_cfg, tta_cfg)
 table1 = method_table(rows_digits, digit_methods, list(DIGIT_CLIENT_DOMAINS))
 paper1 = paper_columns("table1", ["MNIST", "USPS", "MNIST-M"], digit_methods)
-paper1["mean of 5"] = paper_columns("table1", ["MNIST", "SVHN", "USPS", "Synth", "MNIST-M"], digit_methods).mean(axis=1)
+paper_digits_means = lambda methods: paper_columns("table1", ["MNIST", "SVHN", "USPS", "Synth", "MNIST-M"],  # noqa: E731
+                                                  methods).mean(axis=1)
+paper1["mean of 5"] = paper_digits_means(digit_methods)
 table1_beside = beside_paper(table1, paper1, "paper")
 display(tables.show(table1_beside))
 
@@ -169,6 +180,34 @@ means = mean_by_method(rows_digits)
 table9 = pd.DataFrame({"ours (digit domains, mean)": means.reindex(t9_methods).round(2)})
 table9["paper Digit-5"] = paper_columns("table9", ["Digit-5"], t9_methods)["Digit-5"]
 display(tables.show(table9))
+
+# %% [markdown]
+# ## Table 1 at a larger training budget
+# The runs above train for `rounds` rounds of `local_epochs` local epoch(s) at lr `lr`; the paper trains 100 rounds of
+# 5 local epochs at lr 0.01 (App. A.3) on full datasets. Here the same clients (same seeds, same `n_train` images per
+# domain) train `budget_rounds` rounds of `budget_local_epochs` local epochs at lr `budget_lr`, for the methods in
+# `budget_methods` (Tent, T3A and FedICON w/o TTA reuse the FedAvg and FedICON models).
+
+# %%
+rows_budget = None
+if budget_seeds:
+    budget_cfg = TrainConfig(**{**train_cfg.__dict__, "rounds": budget_rounds, "local_epochs": budget_local_epochs,
+                                "lr": budget_lr, "cls_rounds": max(1, budget_rounds)})
+    rows_budget = run_methods(cache, digits, budget_methods, budget_seeds, build_digits, "cnn2", budget_cfg, tta_cfg)
+    budget_label = f"{budget_rounds} rounds x {budget_local_epochs} local epochs, lr {budget_lr:g}"
+    default_label = f"{rounds} rounds x {local_epochs} local epoch(s), lr {lr:g}"
+    both = {default_label: rows_digits[rows_digits.method.isin(budget_methods)], budget_label: rows_budget}
+    table1_budget = pd.concat({k: method_table(r, budget_methods, list(DIGIT_CLIENT_DOMAINS))["mean"]
+                               for k, r in both.items()}, axis=1)
+    table1_budget["paper mean of 5"] = paper1["mean of 5"].reindex(table1_budget.index).round(2)
+    table1_budget["paper MNIST-M"] = paper1["MNIST-M"].reindex(table1_budget.index).round(2)
+    mnistm = pd.concat({k: method_table(r, budget_methods, list(DIGIT_CLIENT_DOMAINS))["mnistm"]
+                        for k, r in both.items()}, axis=1).add_prefix("MNIST-M, ")
+    table1_budget = table1_budget.join(mnistm)
+    display(tables.show(table1_budget.fillna("")))
+    display(Markdown(budget_reading(both, paper_digits_means(digit_methods).to_dict())))
+else:
+    print("larger-budget section skipped (budget_seeds=[])")
 
 # %% [markdown]
 # ## Fig 3 shape: number of clients and local epochs (FedAvg vs FedICON)
@@ -229,10 +268,10 @@ display(tables.show(table7))
 # Table 2 (domain shift): three clients (one training domain each, all its images) and the held-out domain split
 # evenly over them as test sets. Table 5 (covariate shift): four clients, one domain each; Office-Caltech-10 has no
 # test split, so each domain keeps `office_test_fraction` of its images (a seeded split) as its client's test set,
-# corrupted at severity 5 (one of the 15 corruptions per image). Both: torchvision ResNet-18, **random
-# initialisation** (no ImageNet weights here), images resized to `office_size` px (32 by default, for one CPU thread;
-# the paper used its two-layer CNN, App. A.4), horizontal flips in the views. Skipped when `run_office` is False: too
-# slow for the notebook's default budget on one CPU thread.
+# corrupted at severity 5 (one of the 15 corruptions per image). Both: the paper's two-layer CNN (App. A.4;
+# `office_arch`, "resnet18" for a randomly initialised ResNet-18: no ImageNet weights here), images resized to
+# `office_size` px (32: the CNN's input size), horizontal flips in the views, seeds `office_seeds`. Skipped when
+# `run_office` is False.
 
 # %%
 office_means = office_cov_means = office_rows = office_cov_rows = None
@@ -242,7 +281,7 @@ if run_office:
     for held_out in OFFICE_CLIENT_DOMAINS:
         setting = {"name": f"office-lodo-{held_out}", "size": office_size}
         build = lambda seed, h=held_out: office_lodo_clients(h, office_size, seed)
-        r = run_methods(cache, setting, office_methods, shift_seeds, build, "resnet18", office_cfg, tta_cfg)
+        r = run_methods(cache, setting, office_methods, office_seeds, build, office_arch, office_cfg, tta_cfg)
         office_rows.append(r.assign(client=held_out))
     office_rows = pd.concat(office_rows, ignore_index=True)
     table2 = method_table(office_rows, office_methods, list(OFFICE_CLIENT_DOMAINS))
@@ -252,7 +291,7 @@ if run_office:
     office_means = mean_by_method(office_rows)
     setting = {"name": "office-covariate", "size": office_size, "test_fraction": office_test_fraction}
     build = lambda seed: office_covariate_clients(office_size, seed, office_test_fraction)
-    office_cov_rows = run_methods(cache, setting, office_methods, shift_seeds, build, "resnet18", office_cfg,
+    office_cov_rows = run_methods(cache, setting, office_methods, office_seeds, build, office_arch, office_cfg,
                                   tta_cfg)
     table5 = method_table(office_cov_rows, office_methods, list(OFFICE_CLIENT_DOMAINS))
     paper5 = paper_columns("table5", ["Amazon", "Caltech", "DSLR", "Webcam"], office_methods)
@@ -304,18 +343,25 @@ display(Markdown("\n".join(f"- {l}" for l in lines)))
 if not smoke:
     body = [f"# FedICON tables (notebook 40_fedicon)", "",
             f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon -p \"seeds={seeds}\" "
-            f"-p run_office={run_office} -p run_cifar={run_cifar} -p \"shift_seeds={shift_seeds}\"`: " +
+            f"-p run_office={run_office} -p run_cifar={run_cifar} -p \"shift_seeds={shift_seeds}\" "
+            f"-p \"office_seeds={office_seeds}\" -p \"budget_seeds={budget_seeds}\"`: " +
             f"rounds={rounds}, local_epochs={local_epochs}, lr={lr}, tau={tau}, n_train={n_train}, n_test={n_test}, "
-            f"seeds={seeds} (Tables 7, 2, 5, 4: {shift_seeds}); substitute settings (see the notebook).", "",
+            f"seeds={seeds} (Tables 7 and 4: {shift_seeds}; Tables 2 and 5: {office_seeds}); substitute settings "
+            "(see the notebook).", "",
             "## Table 1 shape (digit domains, covariate shift)", "", markdown_table(table1_beside), "",
             "## Table 8 shape (ablation)", "", markdown_table(ablation_table(rows_ablation)), "",
-            "## Table 9 shape", "", markdown_table(table9), "", "## Fig 3 data", "",
+            "## Table 9 shape", "", markdown_table(table9), ""]
+    if rows_budget is not None:
+        body += [f"## Table 1 at a larger budget ({budget_label}; seeds {budget_seeds}; means, then MNIST-M)", "",
+                 markdown_table(table1_budget.fillna("")), "", budget_reading(both, paper_digits_means(digit_methods)
+                                                                              .to_dict()), ""]
+    body += ["## Fig 3 data", "",
             markdown_table(fig3.pivot_table(index=["sweep", "value"], columns="method", values="accuracy")), "",
             "## Table 7 shape (digit domains, leave-one-domain-out)", "", markdown_table(table7), ""]
     if office_means is not None:
-        body += [f"## Table 2 shape (Office-Caltech-10, leave-one-domain-out, ResNet-18 at {office_size} px, "
+        body += [f"## Table 2 shape (Office-Caltech-10, leave-one-domain-out, {office_arch} at {office_size} px, "
                  f"{office_rounds} rounds)", "", markdown_table(table2_beside), "",
-                 f"## Table 5 shape (Office-Caltech-10, covariate shift, ResNet-18 at {office_size} px, "
+                 f"## Table 5 shape (Office-Caltech-10, covariate shift, {office_arch} at {office_size} px, "
                  f"{office_rounds} rounds)", "", markdown_table(table5_beside), ""]
     if cifar_means:
         body += [f"## Table 4 shape (CIFAR-10, 20 clients, Dirichlet label skew, mild corruptions; {cifar_n_train} "
@@ -330,9 +376,10 @@ print(f"notebook compute: {time.time() - started:.0f} s")
 # differences are paired by seed and called ahead or behind only beyond seed noise; with one seed nothing is tested.
 
 # %%
-paper_digits = paper_columns("table1", ["MNIST", "SVHN", "USPS", "Synth", "MNIST-M"], digit_methods).mean(axis=1)
+paper_digits = paper_digits_means(digit_methods)
 display(Markdown(digits_reading(rows_digits, pd.concat(fig3_epoch_rows, ignore_index=True), paper_digits.to_dict(),
-                                seeds, len(DIGIT_CLIENT_DOMAINS), rounds, local_epochs)))
+                                seeds, len(DIGIT_CLIENT_DOMAINS), rounds, local_epochs,
+                                budget_tested=rows_budget is not None)))
 others = {"Office-Caltech-10, domain shift": office_rows, "Office-Caltech-10, covariate shift": office_cov_rows,
           **{f"CIFAR-10 Dir({a:g})": r for a, r in cifar_rows.items()}}
 others = {k: r for k, r in others.items() if r is not None}

@@ -199,3 +199,38 @@ def test_online_tta_never_adapts_on_a_single_image_batch():
     x = torch.rand(33, 3, 32, 32, generator=torch.Generator().manual_seed(0))
     preds = tent_predict(make_model("resnet18", seed=0), x, TTAConfig(batch_size=32))
     assert preds.shape == (33,)
+
+
+def _tidy(values):
+    """Tidy FedICON rows from {method: {seed: {client: accuracy}}}."""
+    import pandas as pd
+
+    return pd.DataFrame([{"method": m, "seed": s, "client": c, "accuracy": a, "shift": "shifted"}
+                         for m, by_seed in values.items() for s, by_client in by_seed.items()
+                         for c, a in by_client.items()])
+
+
+def test_paired_verdict_flags_a_fedavg_at_chance():
+    from ftta_core.fedicon.report import paired_verdict
+
+    at_chance = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 11.0}}})
+    trained = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 30.0}}})
+    assert "within 5 points of chance" in paired_verdict("x", at_chance)
+    assert "chance" not in paired_verdict("x", trained)
+
+
+def test_budget_reading_reports_each_budget_and_the_domain_gap():
+    from ftta_core.fedicon.report import budget_reading
+
+    small = _tidy({"FedICON": {s: {"mnist": 80.0, "mnistm": 20.0 + s} for s in (0, 1)},
+                   "FedAvg": {s: {"mnist": 80.0, "mnistm": 40.0} for s in (0, 1)}})
+    large = _tidy({"FedICON": {s: {"mnist": 90.0, "mnistm": 50.0 + s} for s in (0, 1)},
+                   "FedAvg": {s: {"mnist": 85.0, "mnistm": 40.0} for s in (0, 1)},
+                   "Local": {s: {"mnist": 60.0, "mnistm": 30.0} for s in (0, 1)}})
+    text = budget_reading({"small": small, "large": large}, {"FedICON": 62.23, "FedAvg": 55.04})
+    lines = text.splitlines()
+    assert lines[0].startswith("- small") and "FedICON − FedAvg = -9.75" in lines[0]
+    assert "on mnistm alone FedICON 20.5, FedAvg 40.0" in lines[0]
+    assert lines[1].startswith("- large") and "FedICON − FedAvg = +7.75" in lines[1]
+    assert "best other method Local 45.0" in lines[1]
+    assert lines[2].endswith("+7.19.")
