@@ -30,8 +30,10 @@
 # ## Where we differ from the paper (FedAcross+)
 # - **Backbone**: torchvision ResNet-18 trained by us on CIFAR-10 from random initialisation (the paper: ResNet-34 /
 #   ResNet-50 with ImageNet weights); on Office-Caltech-10 the backbone starts from that CIFAR-10 model.
-# - **No client-side transformation T**: clients train A (eq. 3) on cached backbone features of the unaugmented
-#   support images (`ClientSpec`); the paper transforms every support image with T.
+# - **Client-side transformation T**: the sections below train A (eq. 3) on cached backbone features of the
+#   unaugmented support images (`ClientSpec()`); Algorithm 1 (line 10) transforms every support batch with T and
+#   passes it through the frozen backbone. That is an option (`ClientSpec(augment_through_backbone=True)`, with
+#   early stopping as a further option) and the A2 section compares both.
 # - **VeSSAL (eq. 6, `ftta_core/fedacross/sampling.py`)**: the embedding is tau = A(f(x)) of the server model (A in
 #   eval mode) on the *untransformed* stream image (eq. 6 embeds T(x_t)); q_t is the ideal rate
 #   (budget − selected) / (n − t) and Sigma^-1 starts at 100 I with a Sherman-Morrison update per selected item, as in
@@ -61,6 +63,7 @@ office_size = 32       # low resolution (CPU budget): a flagged deviation from t
 office_epochs = 15
 tsne_images = 500
 figures_dir = "../figures/fedacross"
+a2_dir = "../figures/fedacross/a2"  # stored A2 runs: python -m ftta_core.fedacross.study --out DIR/a2_settling_seedS.csv
 
 # %%
 import dataclasses
@@ -77,8 +80,10 @@ from ftta_core.experiment import ExperimentConfig
 from ftta_core.fedacross import (ClientSpec, PretrainSpec, build_model, load_fedacross, run_client,
                                  untrained_fedacross)
 from ftta_core.fedacross.office import beside_paper, office_table
-from ftta_core.fedacross.study import (accuracy_vs_k, cifar10c_clients, client_features, cost_table,
-                                       fedacross_reading, new_client_benefit, support_indices, tsne_points)
+from ftta_core.fedacross.client import EarlyStop
+from ftta_core.fedacross.study import (A2_VARIANTS, a2_reading, a2_settling, accuracy_vs_k, cifar10c_clients,
+                                       client_features, cost_table, fedacross_reading, new_client_benefit,
+                                       support_indices, tsne_points)
 from ftta_core.flower import run_engine_on_flower, run_fedacross_on_flower
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import paper_table
@@ -217,6 +222,45 @@ costs["bytes_up / full"] = costs["bytes_up"] / costs.loc["full fine-tuning (f, A
 if out is not None:
     costs.to_csv(out / "cost_per_client.csv")
 tables.show(costs, best=None)
+
+# %% [markdown]
+# ## A2: where prototype inference settles, with A trained as Algorithm 1
+# Every trained variant uses the same balanced support set and batch order per (seed, client, k): g (the server's
+# classifier, no adaptation, k = 0); nearest-prototype inference (eq. 5) with the server's A untrained; A trained on
+# cached unaugmented features (the sections above); A trained as Algorithm 1 (every support batch transformed by T
+# and passed through the frozen backbone, 200 epochs); the same with early stopping (a held-out item per class,
+# patience 10 checks; needs k > 1). The full-size runs are stored in `a2_dir` (one CSV per seed, made by
+# `python -m ftta_core.fedacross.study --out figures/fedacross/a2/a2_settling_seed<S>.csv --seeds <S> --ks 3 5 10`
+# on one CPU thread); in smoke mode a tiny version runs here.
+
+# %%
+if smoke:
+    a2_feats = {s: [client_features(server, c, keep_images=True) for c in clients[s]] for s in seeds}
+    a2 = a2_settling(server, a2_feats, [3], dataclasses.replace(spec, epochs=2), EarlyStop(patience=1))
+else:
+    a2_files = sorted(Path(a2_dir).glob("a2_settling_seed*.csv"))
+    a2 = pd.concat([pd.read_csv(f) for f in a2_files], ignore_index=True) if a2_files else pd.DataFrame()
+if len(a2):
+    a2_seed = a2.groupby(["variant", "k", "seed"], as_index=False).accuracy.mean()
+    a2_table = a2_seed.groupby(["variant", "k"]).accuracy.agg(["mean", "std", "count"]).reset_index()
+    a2_table["accuracy (%)"] = [tables.mean_std_text(m, sd, n) for m, sd, n in
+                                zip(a2_table["mean"], a2_table["std"], a2_table["count"])]
+    a2_wide = a2_table.pivot(index="variant", columns="k", values="accuracy (%)").reindex(
+        [v for v in A2_VARIANTS if v in set(a2_table.variant)]).fillna("–")
+    display(tables.show(a2_wide, caption="A2: accuracy (%), mean ± std over seeds (n); k = 0 is g", best=None))
+    fig, ax = plt.subplots(figsize=(style.MAX_WIDTH * 0.7, 3.6))
+    trained = a2_seed[a2_seed.k > 0]
+    style.errorbar_lines(ax, trained, "k", "accuracy", hue="variant")
+    g_seed = a2_seed[a2_seed.k == 0].accuracy
+    ax.axhline(g_seed.mean(), color="k", ls="--", label=f"g, no adaptation ({g_seed.mean():.1f}%)")
+    ax.set(xlabel="k (labelled images per class)", ylabel="test accuracy (%)", xticks=sorted(trained.k.unique()),
+           title=f"A2 on CIFAR-10-C (±1 sd over {a2_seed.seed.nunique()} seed(s))")
+    style.legend_outside(ax, title="variant")
+    if out is not None:
+        fig.savefig(out / "a2_settling.png", dpi=120, bbox_inches="tight")
+    display(Markdown(a2_reading(a2)))
+else:
+    print(f"no stored A2 runs in {a2_dir}: run python -m ftta_core.fedacross.study (see above)")
 
 # %% [markdown]
 # ## Reading it

@@ -169,3 +169,23 @@ def test_a2_settling_tiny(model):
     assert summary.loc[("prototypes, A as Alg. 1", 2), "seeds"] == 2
     with pytest.raises(ValueError, match="variants"):
         a2_settling(model, clients, [2], spec, variants=["A"])
+
+
+def test_a2_reading_pairs_each_variant_with_g_by_seed():
+    import pandas as pd
+
+    from ftta_core.fedacross.study import A2_VARIANTS, a2_reading
+
+    rows = []
+    for seed in (0, 1, 2):
+        rows.append({"seed": seed, "client": "c", "k": 0, "variant": A2_VARIANTS[0], "accuracy": 40.0 + seed})
+        for k in (3, 5):
+            rows.append({"seed": seed, "client": "c", "k": k, "variant": A2_VARIANTS[1], "accuracy": 30.0 + seed})
+            rows.append({"seed": seed, "client": "c", "k": k, "variant": A2_VARIANTS[3], "accuracy": 45.0 + 2 * seed})
+            rows.append({"seed": seed, "client": "c", "k": k, "variant": A2_VARIANTS[4], "accuracy": 45.0 + 2 * seed})
+    text = a2_reading(pd.DataFrame(rows))
+    assert "g (the server's classifier, no adaptation): 41.0%" in text
+    assert "prototypes, server A: k = 3: 31.0% (below g)" in text
+    assert "prototypes, A as Alg. 1: k = 3: 47.0% (above g)" in text
+    assert "Effect of early stopping: k = 3: with − without = +0.00" in text
+    assert "Effect of training A (Alg. 1) at all: k = 3: with − without = +16.00" in text

@@ -344,6 +344,41 @@ def a2_summary(table: pd.DataFrame) -> pd.DataFrame:
     return per_seed.groupby(["variant", "k"]).agg(["mean", "std", "count"]).rename(columns={"count": "seeds"})
 
 
+def a2_reading(table: pd.DataFrame) -> str:
+    """The A2 reading, computed from ``a2_settling`` rows (several seeds' files concatenated): every trained variant
+    against g at each k, then the one-factor contrasts (Algorithm 1's per-batch augmentation against cached features;
+    early stopping against none; training against the untrained server A), each paired by seed and called above /
+    below only beyond seed noise (``workbook.difference_phrase``)."""
+    from ..workbook import difference_phrase, paired_difference
+
+    per_seed = table.groupby(["variant", "k", "seed"]).accuracy.mean()
+    if A2_VARIANTS[0] not in per_seed.index.get_level_values("variant"):
+        return "No A2 rows with g (k = 0) to compare against."
+    g = per_seed.loc[A2_VARIANTS[0]].droplevel("k")
+    ks = sorted(k for k in table.k.unique() if k > 0)
+    cell = lambda v, k: per_seed.loc[(v, k)] if (v, k) in per_seed.index else pd.Series(dtype=float)  # noqa: E731
+    said = {"behind": "below g", "ahead": "above g", "within seed noise": "within seed noise of g",
+            "one seed": "one seed (untested)", "equal": "equal to g", "no common seed": "not comparable"}
+    lines = [f"g (the server's classifier, no adaptation): {g.mean():.1f}% over seeds {sorted(int(s) for s in g.index)}."]
+    for v in A2_VARIANTS[1:]:
+        got = [(k, cell(v, k).dropna()) for k in ks]
+        got = [(k, a) for k, a in got if len(a)]
+        if not got:
+            continue
+        lines.append(f"{v}: " + "; ".join(f"k = {k}: {a.mean():.1f}% ({said[paired_difference(a, g)['verdict']]})"
+                                          for k, a in got) + ".")
+    contrasts = (("prototypes, A as Alg. 1", "prototypes, A on cached features", "Algorithm 1's per-batch augmentation"),
+                 ("prototypes, A as Alg. 1 + early stop", "prototypes, A as Alg. 1", "early stopping"),
+                 ("prototypes, A as Alg. 1", "prototypes, server A", "training A (Alg. 1) at all"))
+    for a, b, what in contrasts:
+        got = [(k, cell(a, k).dropna(), cell(b, k).dropna()) for k in ks]
+        got = [(k, x, y) for k, x, y in got if len(x) and len(y)]
+        if got:
+            lines.append(f"Effect of {what}: " + "; ".join(f"k = {k}: {difference_phrase(x, y, 'with', 'without')}"
+                                                         for k, x, y in got) + ".")
+    return "\n".join(f"- {line}" for line in lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """CLI: the A2 settling study on CIFAR-10-C (notebook 50's clients) with the stored server checkpoint."""
     import argparse
