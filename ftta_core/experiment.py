@@ -282,7 +282,14 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
               code: Optional[Dict[str, Any]] = None) -> dict:
     """Headline numbers, per-domain and (with ``classes``) per-class accuracies, the config, versions, device and
     wall time (with the torch and server threads it was measured with), and the code that made the run
-    (``build.code_record``; computed now unless given, e.g. as recorded when the run started)."""
+    (``build.code_record``; computed now unless given, e.g. as recorded when the run started).
+
+    Which prediction each accuracy counts, per step: ``accuracy`` the one after the local step and the server's mix
+    (``LocalMethod.predict`` on the mixed model: under ``bn="running"`` in eval mode with the running statistics);
+    ``accuracy_local`` the logits of the adaptation forward itself, before the optimiser step and the mix (under
+    ``bn="running"`` a train-mode forward, normalised with the batch's own statistics); ``accuracy_source`` the frozen
+    source model. So under ``bn="running"`` even a Local run's two accuracies differ: they normalise differently
+    and one is taken after the step."""
 
     n = steps["n"].sum()
     return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
