@@ -384,7 +384,7 @@ others = {"Office-Caltech-10, domain shift": office_rows, "Office-Caltech-10, co
           **{f"CIFAR-10 Dir({a:g})": r for a, r in cifar_rows.items()}}
 others = {k: r for k, r in others.items() if r is not None}
 if others:
-    text = f"**The other settings** (seeds {shift_seeds}):\n\n" + other_settings_reading(others)
+    text = "**The other settings** (each line says over how many paired seeds):\n\n" + other_settings_reading(others)
     if cifar_rows:
         text += "\n\n" + shift_cost_reading(table4, paper4, cifar_alphas)
     display(Markdown(text))
