@@ -197,13 +197,12 @@ if budget_seeds:
     budget_label = f"{budget_rounds} rounds x {budget_local_epochs} local epochs, lr {budget_lr:g}"
     default_label = f"{rounds} rounds x {local_epochs} local epoch(s), lr {lr:g}"
     both = {default_label: rows_digits[rows_digits.method.isin(budget_methods)], budget_label: rows_budget}
-    table1_budget = pd.concat({k: method_table(r, budget_methods, list(DIGIT_CLIENT_DOMAINS))["mean"]
-                               for k, r in both.items()}, axis=1)
+    by_budget = {k: method_table(r, budget_methods, list(DIGIT_CLIENT_DOMAINS)) for k, r in both.items()}
+    table1_budget = pd.concat({k: t["mean"] for k, t in by_budget.items()}, axis=1)
     table1_budget["paper mean of 5"] = paper1["mean of 5"].reindex(table1_budget.index).round(2)
     table1_budget["paper MNIST-M"] = paper1["MNIST-M"].reindex(table1_budget.index).round(2)
-    mnistm = pd.concat({k: method_table(r, budget_methods, list(DIGIT_CLIENT_DOMAINS))["mnistm"]
-                        for k, r in both.items()}, axis=1).add_prefix("MNIST-M, ")
-    table1_budget = table1_budget.join(mnistm)
+    table1_budget = table1_budget.join(pd.concat({k: t["mnistm"] for k, t in by_budget.items()}, axis=1)
+                                       .add_prefix("MNIST-M, "))
     display(tables.show(table1_budget.fillna("")))
     display(Markdown(budget_reading(both, paper_digits_means(digit_methods).to_dict())))
 else:
@@ -342,7 +341,7 @@ for alpha, r in cifar_rows.items():
 display(Markdown("\n".join(f"- {l}" for l in lines)))
 if not smoke:
     body = [f"# FedICON tables (notebook 40_fedicon)", "",
-            f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon -p \"seeds={seeds}\" "
+            f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon --in-place -p \"seeds={seeds}\" "
             f"-p run_office={run_office} -p run_cifar={run_cifar} -p \"shift_seeds={shift_seeds}\" "
             f"-p \"office_seeds={office_seeds}\" -p \"budget_seeds={budget_seeds}\"`: " +
             f"rounds={rounds}, local_epochs={local_epochs}, lr={lr}, tau={tau}, n_train={n_train}, n_test={n_test}, "

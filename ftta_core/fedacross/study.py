@@ -385,6 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import time
     from pathlib import Path
 
+    from ..runstore import atomic_write_text
     from .pretrain import load_fedacross
 
     ap = argparse.ArgumentParser(prog="python -m ftta_core.fedacross.study", description=main.__doc__)
@@ -415,9 +416,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         args.selection, args.variants, args.view, args.per_class, log=print)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out, index=False)
     summary = a2_summary(table)
-    summary.to_csv(out.with_name(out.stem + "_summary.csv"))
+    # each file whole or absent (fsync + rename): a crash never leaves a half-written table beside earlier seeds
+    atomic_write_text(out, table.to_csv(index=False))
+    atomic_write_text(out.with_name(out.stem + "_summary.csv"), summary.to_csv())
     print(summary.to_string())
     print(f"wrote {out} in {time.time() - start:.0f} s (torch threads {args.threads}, argv {vars(args)})")
 
