@@ -32,10 +32,13 @@ FEDAVGM_VARIANTS: Dict[str, Variant] = {"FedAvgM (momentum on all)": ("fedavgm",
 
 def accuracies(results_dir: Path | str, tta: str, setting: str, variant: Variant, seeds: Sequence[int] = SEEDS,
                column: str = "accuracy", dataset: str = "cifar10") -> pd.Series:
-    """``column`` of the stored Table 1 runs of one strategy variant in one column (tta, setting), by seed."""
+    """``column`` of the stored Table 1 runs of one strategy variant in one column (tta, setting), by seed; the
+    seeds whose run was made by code that has changed since are in ``.attrs["stale"]``."""
     strategy, params = variant
     grid = stored_table1_runs(results_dir, [strategy], list(seeds), dataset, (tta,), (setting,), params)
-    return grid.set_index("seed")[column] if len(grid) else pd.Series(dtype=float)
+    out = grid.set_index("seed")[column] if len(grid) else pd.Series(dtype=float)
+    out.attrs["stale"] = sorted(grid.loc[grid["code"] == "stale", "seed"]) if len(grid) else []
+    return out
 
 
 def paired(a: pd.Series, b: pd.Series) -> Tuple[float, float, List[int]]:
@@ -44,6 +47,11 @@ def paired(a: pd.Series, b: pd.Series) -> Tuple[float, float, List[int]]:
     d = a[both] - b[both]
     return (float(d.mean()) if both else float("nan"), float(d.std(ddof=1)) if len(both) > 1 else float("nan"),
             list(both))
+
+
+def stale_used(seeds: Sequence[int], *series: pd.Series) -> int:
+    """How many of the runs behind ``series`` (``accuracies`` results) at ``seeds`` are stale."""
+    return sum(len(set(s.attrs.get("stale", [])) & set(seeds)) for s in series)
 
 
 def verdict(ours: float, paper: float, tie: float) -> str:
@@ -61,10 +69,15 @@ def _paper(table: str, dataset: str = "cifar10") -> pd.Series:
 
 
 def _row(claim: str, source: str, paper: float, ours: Tuple[float, float, List[int]], tie: float,
-         settled_by: str) -> Dict[str, Any]:
+         settled_by: str, *runs: pd.Series) -> Dict[str, Any]:
+    """One claim row; ``runs``: the ``accuracies`` series compared, whose stale runs at the paired seeds are
+    counted (``stale runs``) and named in ``settled by``."""
     mean, sd, seeds = ours
+    stale = stale_used(seeds, *runs)
     return {"claim": claim, "source": source, "paper": paper, "ours": mean, "ours sd": sd, "seeds": len(seeds),
-            "verdict": verdict(mean, paper, tie), "settled by": settled_by + (f", seeds {seeds}" if seeds else "")}
+            "verdict": verdict(mean, paper, tie), "stale runs": stale,
+            "settled by": settled_by + (f", seeds {seeds}" if seeds else "")
+            + (f" ({stale} run(s) made by code that has changed since)" if stale else "")}
 
 
 def _cell_label(cell: str) -> str:
@@ -85,16 +98,18 @@ def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
             where = f"{_cell_label(cell)}, {setting.upper()}"
             rows.append(_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
                              paper[("Local", setting, "grad")] - paper[("Local", setting, "bn")],
-                             paired(local, local_bn), tie, where))
+                             paired(local, local_bn), tie, where, local, local_bn))
             for s in ("fedavg", "fedtsa"):
                 label = METHOD_LABELS[s]
-                ours = paired(accuracies(results_dir, cell, setting, (s, {})), local)
+                theirs = accuracies(results_dir, cell, setting, (s, {}))
+                ours = paired(theirs, local)
                 rows.append(_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
-                                 paper[(label, setting, "grad")] - paper[("Local", setting, "grad")], ours, tie, where))
+                                 paper[(label, setting, "grad")] - paper[("Local", setting, "grad")], ours, tie, where,
+                                 theirs, local))
                 if s == "fedavg":
                     rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
                                      fedctta[(label, setting, "grad")] - fedctta[("Local", setting, "grad")], ours,
-                                     tie, where))
+                                     tie, where, theirs, local))
     return rows
 
 
@@ -108,20 +123,21 @@ def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
     rows = []
     for label, variant in FEDCTTA_VARIANTS.items():
         ours = accuracies(results_dir, "bn", "niid", variant)
-        best = pd.concat([accuracies(results_dir, "bn", "niid", (s, {})) for s in others], axis=1).max(axis=1)
+        parts = [accuracies(results_dir, "bn", "niid", (s, {})) for s in others]
+        best = pd.concat(parts, axis=1).max(axis=1)
         rows.append(_row("FedCTTA best under TTA-bn, NIID (minus the best of Local/FedAvg/FedAvgM/FedTSA)",
                          "FedCTTA Table I", paper[("FedCTTA", "niid", "bn")] - best_other_paper,
-                         paired(ours, best), tie, f"{label}, TTA-bn, NIID"))
+                         paired(ours, best), tie, f"{label}, TTA-bn, NIID", ours, *parts))
+        iid, fedavg = accuracies(results_dir, "bn", "iid", variant), accuracies(results_dir, "bn", "iid", ("fedavg", {}))
         rows.append(_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
                          paper[("FedCTTA", "iid", "bn")] - paper[("FedAvg", "iid", "bn")],
-                         paired(accuracies(results_dir, "bn", "iid", variant),
-                                accuracies(results_dir, "bn", "iid", ("fedavg", {}))), tie, f"{label}, TTA-bn, IID"))
+                         paired(iid, fedavg), tie, f"{label}, TTA-bn, IID", iid, fedavg))
         for cell in FEDCTTA_GRAD_CELLS[label]:
+            grad, local = (accuracies(results_dir, cell, "niid", variant),
+                           accuracies(results_dir, cell, "niid", ("local", {})))
             rows.append(_row("FedCTTA above Local under TTA-grad, NIID", "FedCTTA Table I",
                              paper[("FedCTTA", "niid", "grad")] - paper[("Local", "niid", "grad")],
-                             paired(accuracies(results_dir, cell, "niid", variant),
-                                    accuracies(results_dir, cell, "niid", ("local", {}))), tie,
-                             f"{label}, {_cell_label(cell)}, NIID"))
+                             paired(grad, local), tie, f"{label}, {_cell_label(cell)}, NIID", grad, local))
     return rows
 
 
@@ -133,10 +149,10 @@ def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> L
     for setting in ("niid", "iid"):
         fedavg = accuracies(results_dir, "bn", setting, ("fedavg", {}))
         for label, variant in FEDAVGM_VARIANTS.items():
+            ours = accuracies(results_dir, "bn", setting, variant)
             rows.append(_row(f"FedAvgM equal to FedAvg under TTA-bn, {setting.upper()}", "FedCTTA Table I",
                              paper[("FedAvgM", setting, "bn")] - paper[("FedAvg", setting, "bn")],
-                             paired(accuracies(results_dir, "bn", setting, variant), fedavg), tie,
-                             f"{label}, TTA-bn, {setting.upper()}"))
+                             paired(ours, fedavg), tie, f"{label}, TTA-bn, {setting.upper()}", ours, fedavg))
     return rows
 
 
@@ -152,13 +168,16 @@ def claims_reading(table: pd.DataFrame) -> str:
     """How many claims hold, do not hold, or lack runs, and which hold (computed from ``claims_table``)."""
     counts = table["verdict"].value_counts()
     held = table[table["verdict"] == "holds"]
+    stale = int((table.get("stale runs", pd.Series(dtype=int)).fillna(0) > 0).sum())
     return (f"{counts.get('holds', 0)} claim(s) hold, {counts.get('does not hold', 0)} do not, "
             f"{counts.get('no run', 0)} have no stored run. Holding: "
             + ("; ".join(f"{r['claim']} [{r['settled by']}] ({r['ours']:+.2f} vs paper {r['paper']:+.2f})"
-                         for r in held.to_dict("records")) or "none") + ".")
+                         for r in held.to_dict("records")) or "none") + "."
+            + (f" {stale} row(s) rest on runs made by code that has changed since (`python -m ftta_core runs "
+               f"figures --list stale` names them, `python -m ftta_core reproduce FILE` re-checks one)." if stale else ""))
 
 
-__all__ = ["accuracies", "paired", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
+__all__ = ["accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
            "claims_reading", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
 
 

@@ -219,7 +219,7 @@ from ftta_core import fidelity
 
 claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir))
 claims = claims[claims.seeds > 0]
-claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict"]
+claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs"]
 display(tables.show(claims.set_index(["claim", "settled by"])[claim_columns], best=None))
 contrasts = pd.concat([fidelity.cell_contrasts(results_dir), fidelity.setting_contrasts(results_dir)],
                       ignore_index=True)

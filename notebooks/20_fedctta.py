@@ -184,8 +184,8 @@ display(tables.show(missing, best=None))
 from ftta_core import fidelity
 
 claims = pd.DataFrame(fidelity.fedctta_claims(results_dir) + fidelity.fedavgm_claims(results_dir))
-display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds", "verdict"]],
-                    best=None))
+display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds", "verdict",
+                                                              "stale runs"]], best=None))
 display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]

@@ -178,7 +178,7 @@ pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/ru
                                                           "../figures/pfedbbn/runs")
 claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows)
 display(tables.show(claims.set_index(["source", "claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
-                                                                          "verdict"]], best=None))
+                                                                          "verdict", "stale runs"]], best=None))
 display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]

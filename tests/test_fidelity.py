@@ -12,11 +12,33 @@ from ftta_core.runstore import store_summary
 from ftta_core.workbook import config_key
 
 
-def _store(folder, tta, setting, strategy, seed, accuracy, params=None, local=None):
+def _store(folder, tta, setting, strategy, seed, accuracy, params=None, local=None, code=None):
     cfg = dataclasses.replace(table1_config("cifar10", setting, tta), strategy=strategy,
                               strategy_params=params or {}, seed=seed)
     store_summary(folder / f"{config_key(cfg)}.json",
-                  {"accuracy": accuracy, "accuracy_local": accuracy if local is None else local, "config": cfg.to_dict()})
+                  {"accuracy": accuracy, "accuracy_local": accuracy if local is None else local, "config": cfg.to_dict(),
+                   **({"code": code} if code else {})})
+
+
+def test_claims_name_the_stale_runs_they_rest_on(tmp_path):
+    from ftta_core.fedtsa.table1 import tta_grad_cells, tta_grad_cells_reading
+    from ftta_core.runstore import code_record_of
+
+    changed = {"modules": {"ftta_core.rng": "a digest no code has"}}
+    _store(tmp_path, "bn", "iid", "fedavg", 0, 70.0, code=code_record_of(["ftta_core.rng"]))  # current
+    _store(tmp_path, "bn", "iid", "fedavgm", 0, 70.0, {"momentum_on": "params"}, code=changed)
+    _store(tmp_path, "bn", "iid", "fedavgm", 1, 71.0, {"momentum_on": "params"}, code=changed)  # no FedAvg to pair
+    rows = {r["settled by"].split(",")[0]: r for r in fedavgm_claims(tmp_path) if "IID" in r["claim"]}
+    params = rows["FedAvgM (momentum on params)"]
+    assert params["stale runs"] == 1 and "1 run(s) made by code that has changed since" in params["settled by"]
+    assert rows["FedAvgM (momentum on all)"]["stale runs"] == 0
+    assert "1 row(s) rest on runs made by code that has changed since" in claims_reading(claims_table(tmp_path))
+    _store(tmp_path, "grad", "niid", "local", 0, 70.0, code=changed)
+    _store(tmp_path, "grad", "niid", "fedavg", 0, 70.0)
+    cells = tta_grad_cells(results_dir=tmp_path).set_index(["cell", "setting"])
+    assert cells.loc[("grad", "niid"), "stale runs"] == 1 and cells.loc[("grad", "iid"), "stale runs"] == 0
+    assert "grad (NIID), 1 seed(s)" in tta_grad_cells_reading(cells.reset_index())
+    assert "(1 of its runs made by code that has changed since)" in tta_grad_cells_reading(cells.reset_index())
 
 
 def test_paired_uses_common_seeds_only():

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig, identity_of
 from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
-from ..runstore import read_summary
+from ..runstore import read_summary, run_status
 from ..workbook import SUMMARY_KEYS
 
 
@@ -142,6 +142,8 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
     ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
     with ``run-plan``) instead of their defaults.
 
+    ``code``: the run's ``runstore.run_status`` (current, stale: made by code that changed since, unrecorded).
+
     A stored summary counts for a column when its config equals ``table1_config`` for that column in every field
     the scenario reads (the strategy at its defaults); the file names are config hashes, which also change with
     fields the FedTSA scenarios ignore (``UNREAD_BY_FEDTSA_SCENARIOS``), so the configs are compared instead.
@@ -157,8 +159,8 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
                 c = s.get("config", {})
                 if _matches_column(c, base, strategies, seeds, strategy_params):
                     rows.append({"tta": tta, "setting": setting, "strategy": c["strategy"], "seed": c["seed"],
-                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}})
-    columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS]
+                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}, "code": run_status(s)})
+    columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS, "code"]
     grid = pd.DataFrame(rows, columns=columns) if not rows else pd.DataFrame(rows)
     if len(grid):  # one run per (column, strategy, seed): a rerun under a newer default replaces nothing twice
         grid = grid.drop_duplicates(["tta", "setting", "strategy", "seed"], keep="last")
@@ -192,7 +194,8 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
     One row per (cell, setting): the cell's local settings, the seeds with a Local run, Local's accuracy, and,
     paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
     ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1), with the standard
-    deviation of the paired differences (``... sd``, NaN below 2 seeds). NaN where a run is missing."""
+    deviation of the paired differences (``... sd``, NaN below 2 seeds). NaN where a run is missing. ``stale runs``:
+    how many of the cell's runs were made by code that has changed since (``python -m ftta_core reproduce`` them)."""
     grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn", *GRAD_CELLS), settings)
     paper = paper_table("fedtsa_table1")
     paper = paper[paper.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
@@ -224,6 +227,7 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
                 row[f"{label} seeds"] = len(both)
                 row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
                                                   - paper.get(("Local", setting, "grad"), float("nan")))
+            row["stale runs"] = int((g["code"] == "stale").sum()) if len(g) else 0
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -246,6 +250,8 @@ def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
 
         fedavg = "no FedAvg run" if pd.isna(gain) else versus(gain, "FedAvg", "Local")
         holds = (not pd.isna(gain)) and gap < -tie and gain > tie
+        stale = int(d.get("stale runs", 0) or 0)
         parts.append(f"{name}, {d['seeds']} seed(s): {versus(gap, 'Local(grad)', 'Local(bn)')}, {fedavg}: the "
-                     f"paper's pattern {'holds' if holds else 'does not hold'}")
+                     f"paper's pattern {'holds' if holds else 'does not hold'}"
+                     + (f" ({stale} of its runs made by code that has changed since)" if stale else ""))
     return "; ".join(parts) + "."
