@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -10,7 +11,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -41,9 +42,14 @@ def read_config(path: Path) -> Dict[str, Any]:
     return data
 
 
+_ARGV: Optional[List[str]] = None  # the arguments ``main`` was called with (None: the process's own)
+
+
 def this_command() -> str:
-    """The command line that is running, as a user would type it (written into every generated table)."""
-    return "python -m ftta_core " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    """The command line that is running, as a user would type it (written into every generated table and card):
+    the arguments given to ``main``, or the process's when it was started from a shell."""
+    args = sys.argv[1:] if _ARGV is None else _ARGV
+    return "python -m ftta_core " + " ".join(shlex.quote(a) for a in args)
 
 
 def write_markdown(path: Path, body: str) -> None:
@@ -194,24 +200,43 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--out-dir", type=Path, help="checkpoint folder (default data/checkpoints)")
+    p.add_argument("--name", help="store the model under this name: a variant of --model's recipe (e.g. with "
+                                  "--epochs), its card's command retrains it")
+    p.add_argument("--train-images", type=int, help="train on the first N images of the training split only (a "
+                                                    "weaker model of the same recipe; needs --name)")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import numpy as np
+
     from .data import load_dataset
     from .evaluation import source_metrics
     from .experiment import resolve_device
     from .training import CHECKPOINT_DIR, SOURCE_MODELS, save_checkpoint, source_card, train_model
 
     spec = SOURCE_MODELS[args.model]
+    if args.name:
+        if args.name in SOURCE_MODELS and args.name != args.model:
+            print(f"error: --name {args.name} is another shipped model's name", file=sys.stderr)
+            return 2
+        spec = dataclasses.replace(spec, name=args.name, epochs=args.epochs or spec.epochs)
+    elif args.train_images is not None:
+        print("error: --train-images needs --name (it would replace the shipped model)", file=sys.stderr)
+        return 2
     device = resolve_device(args.device)
     train = load_dataset(spec.dataset, "train", **spec.dataset_kwargs)
     test = load_dataset(spec.dataset, "test", **spec.dataset_kwargs)
+    if args.train_images is not None:
+        if not 0 < args.train_images <= len(train):
+            raise ValueError(f"--train-images must be in 1..{len(train)}, got {args.train_images}")
+        train = train.subset(np.arange(args.train_images))
     t0 = time.perf_counter()
     model = train_model(spec, train, seed=args.seed, device=device, epochs=args.epochs)
     wall = time.perf_counter() - t0
     command = this_command()
-    metrics = {"epochs": args.epochs or spec.epochs, "device": device, **source_metrics(model, test, device=device)}
+    metrics = {"epochs": args.epochs or spec.epochs, "train_images": len(train), "device": device,
+               **source_metrics(model, test, device=device)}
     path = save_checkpoint(model, spec, source_card(spec, args.seed, command, wall, metrics),
                            args.out_dir or CHECKPOINT_DIR)
     print(json.dumps(metrics, indent=2))
@@ -618,6 +643,8 @@ DEBUG_ENV = "FTTA_DEBUG"
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point. A config or data error (``ValueError``, a missing file, a missing key, bad YAML) ends as one
     line on stderr and exit status 2; with ``FTTA_DEBUG=1`` it is raised with its traceback."""
+    global _ARGV
+    _ARGV = None if argv is None else [str(a) for a in argv]
     try:
         args = build_parser().parse_args(argv)  # a plugin named by --plugin is loaded here (its methods are listed in --help)
         if args.command in PLUGIN_COMMANDS:  # --plugin, $FTTA_PLUGINS, entry points; --plugin exported to children

@@ -41,6 +41,7 @@ clients = 8
 window = 10
 server_steps = 100
 results_dir = "../figures/fedtsa_table1/runs"
+figure_dir = "../figures/fedtsa_table1"
 
 # %%
 import matplotlib.pyplot as plt
@@ -169,6 +170,39 @@ else:
     src = runs.groupby("seed")["accuracy_source"].first().mean()
     print(f"No-Adapt (the frozen source model) on this protocol: {src:.2f}% here, 35.19% in the paper: every "
           "method starts from a different place, so compare differences between methods, not absolute numbers.")
+
+# %% [markdown]
+# ### Which regime is the paper's source model in?
+# The paper's No-Adapt is about half of ours with the same Fling ResNet-8. A *less robust* model (e.g. one working at
+# a higher resolution, hurt more by noise) would lose most on some corruptions and little on others; a *weaker* one
+# (lower clean accuracy) a similar fraction on every corruption. Beside the paper's per-corruption No-Adapt row
+# (FedTSA Table 2, same protocol): every ResNet-8 card in `data/checkpoints/` (the shipped model and shorter
+# trainings of the same recipe, `python -m ftta_core train-source --model resnet8_cifar10 --epochs E --name
+# resnet8_cifar10_eE`; `ftta_core/fedtsa/source_regime.py`).
+
+# %%
+from pathlib import Path
+
+from ftta_core.fedtsa.source_regime import regime_reading, regime_summary, regime_table
+from ftta_core.training import CHECKPOINT_DIR
+
+source_cards = sorted(p.stem for p in Path(CHECKPOINT_DIR).glob("resnet8_cifar10*.json"))
+regime = regime_table(source_cards, CHECKPOINT_DIR)
+display(tables.show(regime, best=None))
+display(tables.show(regime_summary(source_cards, CHECKPOINT_DIR), best=None))
+display(Markdown(regime_reading(regime_summary(source_cards, CHECKPOINT_DIR))))
+fig, ax = plt.subplots(figsize=(min(style.MAX_WIDTH, 9), 3.8))
+corruptions = [c for c in regime.index if c not in ("mean", "clean")]
+x = np.arange(len(corruptions))
+for k, col in enumerate(regime.columns):
+    ax.plot(x, regime.loc[corruptions, col], marker="o", ls="--" if col.startswith("FedTSA") else "-", label=col)
+ax.set_xticks(x, [c.replace("_", " ") for c in corruptions], rotation=60, ha="right")
+ax.set_ylabel("accuracy without adaptation (%)")
+ax.set_ylim(0, 100)
+ax.set_title("Source models on CIFAR-10-C, severity 5, per corruption")
+style.legend_outside(ax)
+Path(figure_dir).mkdir(parents=True, exist_ok=True)
+fig.savefig(Path(figure_dir) / "source_regime.png", bbox_inches="tight")
 
 # %% [markdown]
 # ## TTA-grad as the reference clients ran it: BatchNorm x optimiser

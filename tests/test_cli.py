@@ -88,3 +88,25 @@ def test_case_study_stores_compact_runs_and_reuses_them(tmp_path, monkeypatch):
     assert main(args) == 0  # second time: the stored runs are read back, not rerun
     assert (out / "fedavg" / "summary.json").stat().st_mtime_ns == stamp
     pd.testing.assert_frame_equal(pd.read_csv(out / "table.csv", index_col=[0, 1]), table)
+
+
+def test_train_source_stores_a_named_variant_of_a_recipe(tmp_path, capsys):
+    import json
+
+    assert main(["train-source", "--model", "digits_cnn_embedded", "--epochs", "1", "--name", "digits_e1",
+                 "--out-dir", str(tmp_path), "--device", "cpu"]) == 0
+    card = json.loads((tmp_path / "digits_e1.json").read_text())
+    assert (tmp_path / "digits_e1.pt").exists() and card["name"] == "digits_e1"
+    assert card["spec"]["epochs"] == 1 and card["spec"]["arch"] == "digits_cnn"
+    assert "--name digits_e1" in card["command"] and "--epochs 1" in card["command"]
+    assert main(["train-source", "--model", "digits_cnn_embedded", "--name", "resnet8_cifar10",
+                 "--out-dir", str(tmp_path)]) == 2
+    assert "another shipped model's name" in capsys.readouterr().err
+    assert main(["train-source", "--model", "digits_cnn_embedded", "--train-images", "64",
+                 "--out-dir", str(tmp_path)]) == 2
+    assert "--train-images needs --name" in capsys.readouterr().err
+    assert main(["train-source", "--model", "digits_cnn_embedded", "--epochs", "1", "--train-images", "64", "--name",
+                 "digits_64", "--out-dir", str(tmp_path), "--device", "cpu"]) == 0
+    small = json.loads((tmp_path / "digits_64.json").read_text())
+    assert small["train_images"] == 64 and card["train_images"] > 64
+    assert small["clean_test_accuracy"] < card["clean_test_accuracy"]

@@ -1,0 +1,93 @@
+"""Which regime the papers' source model is in: our source models' accuracy per corruption beside FedTSA's No-Adapt.
+
+FedTSA reports 35.19% without adaptation on CIFAR-10-C for the Fling ResNet-8, ours scores 63.45% (the same
+architecture; FedCTTA's Table I reports 58.47% for it). Two explanations predict different shapes: a model that is
+*less robust* (e.g. one working at a higher resolution, hurt more by noise) loses most on some corruptions and
+little on others, while a *weaker* model (lower clean accuracy, e.g. a shorter training) loses a similar fraction on
+every corruption. This module lays the per-corruption accuracies of any of our source models (read from their
+cards, ``data/checkpoints/*.json``) beside the paper's No-Adapt row (FedTSA Table 2, its per-corruption table of
+the same protocol) and computes, per model, the paper's accuracy as a fraction of ours on each corruption (mean and
+spread) and the rank correlation of the two profiles; the reading says which of our models is nearest in level.
+Nothing here runs: train a model with ``python -m ftta_core train-source`` (its card carries the numbers).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, Sequence
+
+import pandas as pd
+
+from ..paper import paper_table
+
+PAPER = "fedtsa_table2"
+PAPER_ROW = "No-Adapt"
+PAPER_LABEL = "FedTSA No-Adapt"
+
+
+def paper_profile(table: str = PAPER, method: str = PAPER_ROW) -> pd.Series:
+    """The paper's accuracy per corruption (severity 5) for ``method`` (its printed mean left out)."""
+    t = paper_table(table)
+    rows = t[(t.method == method) & (t.corruption != "mean")]
+    return rows.set_index("corruption")["accuracy"].astype(float)
+
+
+def card_profile(name: str, directory: Path | str) -> Dict[str, object]:
+    """A source model's card numbers: clean accuracy and accuracy per corruption at severity 5."""
+    card = json.loads((Path(directory) / f"{name}.json").read_text())
+    return {"clean": float(card["clean_test_accuracy"]),
+            "corruptions": pd.Series(card["corrupted_accuracy_severity5"], dtype=float),
+            "epochs": card.get("epochs", card.get("spec", {}).get("epochs"))}
+
+
+def regime_table(names: Sequence[str], directory: Path | str) -> pd.DataFrame:
+    """Rows: the 15 corruptions, then their mean and the clean accuracy; columns: each model, then the paper's."""
+    paper = paper_profile()
+    cols = {}
+    for name in names:
+        prof = card_profile(name, directory)
+        acc = prof["corruptions"].reindex(paper.index)
+        cols[name] = pd.concat([acc, pd.Series({"mean": acc.mean(), "clean": prof["clean"]})])
+    cols[PAPER_LABEL] = pd.concat([paper, pd.Series({"mean": paper.mean(), "clean": float("nan")})])
+    return pd.DataFrame(cols)
+
+
+def regime_summary(names: Sequence[str], directory: Path | str) -> pd.DataFrame:
+    """Per model: clean and mean corrupted accuracy; the paper's accuracy as a fraction of the model's on each
+    corruption (median, mean, sd, min, max); the Spearman rank correlation of the two 15-corruption profiles; the mean
+    absolute difference from the paper in points."""
+    paper = paper_profile()
+    rows = []
+    for name in names:
+        prof = card_profile(name, directory)
+        acc = prof["corruptions"].reindex(paper.index)
+        ratio = paper / acc
+        rows.append({"model": name, "epochs": prof["epochs"], "clean": prof["clean"], "corrupted mean": acc.mean(),
+                     "paper / model median": ratio.median(), "paper / model mean": ratio.mean(),
+                     "paper / model sd": ratio.std(ddof=1),
+                     "paper / model min": ratio.min(), "paper / model max": ratio.max(),
+                     "spearman": acc.corr(paper, method="spearman"),
+                     "mean |difference|": (acc - paper).abs().mean()})
+    return pd.DataFrame(rows).set_index("model")
+
+
+def regime_reading(summary: pd.DataFrame, same_shape: float = 0.9) -> str:
+    """What the summary says, computed: per model the paper's fraction of its accuracy and the rank correlation
+    (``same_shape``: the Spearman correlation from which the two profiles are called the same ranking), and which
+    model is nearest the paper in level."""
+    if summary.empty:
+        return "No source model card to compare."
+    parts = []
+    for name, r in summary.iterrows():
+        ranking = "the same ranking of corruptions" if r["spearman"] >= same_shape else "a different ranking"
+        parts.append(f"`{name}` (clean {r['clean']:.2f}%, corrupted mean {r['corrupted mean']:.2f}%): the paper's "
+                     f"No-Adapt is {r['paper / model median']:.2f} of it on the median corruption (mean "
+                     f"{r['paper / model mean']:.2f} ± {r['paper / model sd']:.2f}, from {r['paper / model min']:.2f} "
+                     f"to {r['paper / model max']:.2f}), Spearman "
+                     f"{r['spearman']:.2f} ({ranking}), {r['mean |difference|']:.2f} points apart on average")
+    nearest = summary["mean |difference|"].idxmin()
+    return ("; ".join(parts) + f". Nearest to the paper in level: `{nearest}` "
+            f"({summary.loc[nearest, 'mean |difference|']:.2f} points per corruption).")
+
+
+__all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading"]

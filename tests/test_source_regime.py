@@ -1,0 +1,42 @@
+"""Our source models' per-corruption profile beside FedTSA's No-Adapt row: ratios, rank correlation, nearest model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ftta_core.fedtsa.source_regime import (PAPER_LABEL, paper_profile, regime_reading, regime_summary,
+                                            regime_table)
+
+
+def _card(folder, name, clean, per_corruption, epochs):
+    (folder / f"{name}.json").write_text(json.dumps({
+        "clean_test_accuracy": clean, "corrupted_accuracy_severity5": per_corruption, "epochs": epochs}))
+
+
+def test_a_scaled_profile_and_a_reshuffled_one_are_told_apart(tmp_path):
+    paper = paper_profile()
+    assert len(paper) == 15 and paper["gaussian_noise"] == pytest.approx(37.30)
+    _card(tmp_path, "twice", 90.0, (2 * paper).to_dict(), 15)  # the paper's profile at twice the level
+    reversed_ = dict(zip(paper.index, sorted(paper.values)))  # the same values in another order
+    _card(tmp_path, "shuffled", 50.0, reversed_, 1)
+    s = regime_summary(["twice", "shuffled"], tmp_path)
+    assert s.loc["twice", "paper / model median"] == pytest.approx(0.5)
+    assert s.loc["twice", "paper / model sd"] == pytest.approx(0.0, abs=1e-12)
+    assert s.loc["twice", "spearman"] == pytest.approx(1.0)
+    assert s.loc["shuffled", "spearman"] < 0.9
+    assert s.loc["twice", "mean |difference|"] == pytest.approx(paper.mean())
+    reading = regime_reading(s)
+    assert "`twice` (clean 90.00%" in reading and "the same ranking of corruptions" in reading
+    assert "`shuffled`" in reading and "a different ranking" in reading
+    assert reading.endswith(f"Nearest to the paper in level: `shuffled` "
+                            f"({s.loc['shuffled', 'mean |difference|']:.2f} points per corruption).")
+    t = regime_table(["twice"], tmp_path)
+    assert list(t.columns) == ["twice", PAPER_LABEL]
+    assert t.loc["clean", "twice"] == 90.0 and t.loc["mean", "twice"] == pytest.approx(2 * paper.mean())
+
+
+def test_no_card_no_reading():
+    import pandas as pd
+
+    assert regime_reading(pd.DataFrame()) == "No source model card to compare."
