@@ -59,6 +59,10 @@ from ftta_core.tta import build_local
 
 style.use()
 smoke = smoke_mode(smoke)
+if smoke:  # a smoke run never writes into the committed figures
+    import tempfile
+
+    figure_dir = tempfile.mkdtemp()
 cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=clients, sh=0.5,
                        corruptions=["fog", "contrast", "frost", "glass_blur", "impulse_noise", "brightness"],
                        images_per_client=100, th=0.1, local="bn", device="cpu", seed=seed)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from ftta_core.fedtsa.source_regime import (PAPER_LABEL, paper_profile, regime_reading, regime_summary,
@@ -37,6 +39,18 @@ def test_a_scaled_profile_and_a_reshuffled_one_are_told_apart(tmp_path):
 
 
 def test_no_card_no_reading():
-    import pandas as pd
-
     assert regime_reading(pd.DataFrame()) == "No source model card to compare."
+
+
+def test_three_models_say_whether_weaker_is_nearer(tmp_path):
+    paper = paper_profile()
+    shuffled = pd.Series(np.roll(paper.values, 1), index=paper.index)  # the paper's level, another ranking
+    for name, clean, profile in (("full", 85.0, 2.0 * paper), ("short", 60.0, 1.3 * paper),
+                                 ("shortest", 45.0, shuffled)):
+        _card(tmp_path, name, clean, profile.to_dict(), 1)
+    summary = regime_summary(["full", "short", "shortest"], tmp_path)
+    assert list(summary["mean |difference|"].rank()) == [3.0, 2.0, 1.0] and summary["spearman"].iloc[2] < 0.5
+    reading = regime_reading(summary)
+    assert ("the lower a model's clean accuracy, the nearer it is to the paper's level (Spearman of clean accuracy "
+            "and distance +1.00) and the less its corruptions rank like the paper's") in reading
+    assert "Nearest to the paper in level: `shortest`" in reading

@@ -86,8 +86,18 @@ def regime_reading(summary: pd.DataFrame, same_shape: float = 0.9) -> str:
                      f"to {r['paper / model max']:.2f}), Spearman "
                      f"{r['spearman']:.2f} ({ranking}), {r['mean |difference|']:.2f} points apart on average")
     nearest = summary["mean |difference|"].idxmin()
-    return ("; ".join(parts) + f". Nearest to the paper in level: `{nearest}` "
+    text = ("; ".join(parts) + f". Nearest to the paper in level: `{nearest}` "
             f"({summary.loc[nearest, 'mean |difference|']:.2f} points per corruption).")
+    if len(summary) >= 3:  # does a weaker model (lower clean accuracy) sit nearer the paper's profile?
+        level = summary["clean"].corr(summary["mean |difference|"], method="spearman")
+        rank = summary["clean"].corr(summary["spearman"], method="spearman")
+        nearer = ("the lower a model's clean accuracy, the nearer it is to the paper's level" if level > 0 else
+                  "a lower clean accuracy does not bring a model nearer the paper's level")
+        ranking = ("less" if rank > 0 else "more") + " its corruptions rank like the paper's"
+        text += (f" Across these {len(summary)} models {nearer} (Spearman of clean accuracy and distance "
+                 f"{level:+.2f}) and the {ranking} (Spearman of clean accuracy and rank correlation {rank:+.2f}; "
+                 f"rank correlations from {summary['spearman'].min():.2f} to {summary['spearman'].max():.2f}).")
+    return text
 
 
 __all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading"]
