@@ -187,19 +187,19 @@ else:
 # %%
 from pathlib import Path
 
-from ftta_core.fedtsa.source_regime import regime_reading, regime_summary, regime_table
+from ftta_core.fedtsa.source_regime import PAPER_LABEL, regime_reading, regime_summary, regime_table
 from ftta_core.training import CHECKPOINT_DIR
 
 source_cards = sorted(p.stem for p in Path(CHECKPOINT_DIR).glob("resnet8_cifar10*.json"))
-regime = regime_table(source_cards, CHECKPOINT_DIR)
+regime, regime_numbers = regime_table(source_cards, CHECKPOINT_DIR), regime_summary(source_cards, CHECKPOINT_DIR)
 display(tables.show(regime, best=None))
-display(tables.show(regime_summary(source_cards, CHECKPOINT_DIR), best=None))
-display(Markdown(regime_reading(regime_summary(source_cards, CHECKPOINT_DIR))))
+display(tables.show(regime_numbers, best=None))
+display(Markdown(regime_reading(regime_numbers)))
 fig, ax = plt.subplots(figsize=(min(style.MAX_WIDTH, 9), 3.8))
 corruptions = [c for c in regime.index if c not in ("mean", "clean")]
 x = np.arange(len(corruptions))
-for k, col in enumerate(regime.columns):
-    ax.plot(x, regime.loc[corruptions, col], marker="o", ls="--" if col.startswith("FedTSA") else "-", label=col)
+for col in regime.columns:
+    ax.plot(x, regime.loc[corruptions, col], marker="o", ls="--" if col == PAPER_LABEL else "-", label=col)
 ax.set_xticks(x, [c.replace("_", " ") for c in corruptions], rotation=60, ha="right")
 ax.set_ylabel("accuracy without adaptation (%)")
 ax.set_ylim(0, 100)
