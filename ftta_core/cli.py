@@ -123,12 +123,15 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the stored runs under folders and whether their code is current",
                        description="Scans run folders, summary files and study records (every layout stored under "
                                    "figures/) and reports each one's status: current (made by today's code), "
-                                   "stale (a module it depends on changed since: rerun grids with "
-                                   "FTTA_RERUN_STALE=1), unrecorded (stored before code records), unfinished "
-                                   "or unreadable.")
+                                   "stale (a definition it recorded changed since: rerun grids with "
+                                   "FTTA_RERUN_STALE=1, or `reproduce` it), unrecorded (stored before code "
+                                   "records), unfinished or unreadable.")
     p.add_argument("folders", nargs="*", type=Path, default=[Path("figures")])
     p.add_argument("--list", choices=["stale", "unfinished", "unreadable", "all"],
                    help="also list the runs with this status")
+    p.add_argument("--migrate", action="store_true",
+                   help="first rewrite records stored with one hash per module as definition records, reading the "
+                        "modules' past sources from git (record_migration); prints what it did as JSON")
     p.set_defaults(func=cmd_runs)
 
 
@@ -145,6 +148,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
     if _refused(args.folders, Path.is_dir, "a folder"):
         return 2
+    if args.migrate:
+        from .record_migration import migrate
+
+        print(json.dumps(migrate(list(args.folders))))
     table = scan_table(args.folders)
     if table.empty:
         print("no stored runs")
@@ -213,17 +220,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     from .data import load_dataset
     from .evaluation import source_metrics
     from .experiment import resolve_device
-    from .training import CHECKPOINT_DIR, SOURCE_MODELS, save_checkpoint, source_card, train_model
+    from .training import CHECKPOINT_DIR, SOURCE_MODELS, SOURCE_TRAIN_IMAGES, save_checkpoint, source_card, train_model
 
     spec = SOURCE_MODELS[args.model]
     if args.name:
-        if args.name in SOURCE_MODELS and args.name != args.model:
-            print(f"error: --name {args.name} is another shipped model's name", file=sys.stderr)
+        variant = dataclasses.replace(spec, name=args.name, epochs=args.epochs or spec.epochs)
+        if args.name in SOURCE_MODELS and args.name != args.model and (
+                SOURCE_MODELS[args.name] != variant or SOURCE_TRAIN_IMAGES.get(args.name) != args.train_images):
+            print(f"error: --name {args.name} is a shipped model of another recipe; retrain it with "
+                  f"--model {args.name}", file=sys.stderr)
             return 2
-        spec = dataclasses.replace(spec, name=args.name, epochs=args.epochs or spec.epochs)
-    elif args.train_images is not None:
+        spec = variant
+    elif args.train_images is not None and args.train_images != SOURCE_TRAIN_IMAGES.get(args.model):
         print("error: --train-images needs --name (it would replace the shipped model)", file=sys.stderr)
         return 2
+    else:
+        args.train_images = SOURCE_TRAIN_IMAGES.get(args.model)
     device = resolve_device(args.device)
     train = load_dataset(spec.dataset, "train", **spec.dataset_kwargs)
     test = load_dataset(spec.dataset, "test", **spec.dataset_kwargs)
@@ -364,7 +376,7 @@ def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategies", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
-    _defer_shared_options(p, ("dataset", "device", "backend", "max_steps"))
+    _defer_shared_options(p, ("dataset", "model", "device", "backend", "max_steps"))
     p.add_argument("--results", type=Path, required=True, help="folder of per-run summaries (cache)")
     p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
     p.add_argument("--only-cached", action="store_true", dest="only_cached",
@@ -375,17 +387,14 @@ def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
 def cmd_fedtsa_table(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from .experiment import ExperimentConfig
-    from .paper import TTA_SETTINGS
-    from .fedtsa.table1 import beside_fedtsa_table1, to_markdown
+    from .fedtsa.table1 import beside_fedtsa_table1, table1_config, to_markdown
     from .plan import PLAN_ENV, plan_file
     from .workbook import run_grid, run_strategy_grid
 
     frames = []
     for setting in args.settings:
-        base = ExperimentConfig(dataset=args.dataset, scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
-                                images_per_client=500, severity=5, device=args.device, backend=args.backend,
-                                max_steps=args.max_steps, **TTA_SETTINGS[args.tta])
+        base = table1_config(args.dataset, setting, args.tta, device=args.device, model=args.model,
+                             backend=args.backend, max_steps=args.max_steps)
         if args.tta == "bn":  # stateless local phase: all strategies of a seed share one pass
             g = run_strategy_grid(base, args.strategies, args.seeds, results_dir=args.results,
                                   only_cached=args.only_cached)

@@ -24,15 +24,33 @@ at once with one line. A folder holding a finished run of another config is neve
 (``overwrite=True``, ``run --overwrite``); a finished run of the same config is read back, not run again.
 
 **Code records.** Every summary records the code that made it (``code_record_of``; a simulated run's record is
-``build.code_record``): a hash per source module the run depends on (the local method's and strategy's modules and
-what they import, the loop, engine, stream, scenarios, corruptions, models, data loaders, ``build`` and
-``experiment``'s run functions), hashed from the syntax tree without docstrings, so comments, docstrings and
-formatting do not count. ``run_status`` says whether a stored run is ``current``, ``stale`` (a module it depends
-on changed: ``stale_modules`` names them) or ``unrecorded`` (stored before records existed). Grids never reuse a stale run silently: they warn and, with ``FTTA_RERUN_STALE=1``, run it again.
+``build.code_record``): the modules the run depends on (the local method's and strategy's modules and what they
+import, the loop, engine, stream, scenarios, corruptions, models, data loaders, ``build`` and ``experiment``'s run
+functions), each as a hash per **top-level definition** (``definition_hashes``): a function or class by its name, a
+constant or import by the name it binds, each entry of a registry written as a dict literal (``NAME = {"key": ...}``)
+as ``NAME['key']``, and every other top-level statement together as ``<module>``; hashed from the syntax tree
+without docstrings, so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is
+``current``, ``stale`` (a definition it recorded changed or is gone: ``stale_modules`` names them) or
+``unrecorded`` (stored before records existed). Grids never reuse a stale run silently: they warn and, with
+``FTTA_RERUN_STALE=1``, run it again.
+
+What a definition record assumes: code that ran could only use the names that existed when it ran, so a *new*
+function, class, constant or registry entry leaves every stored run current (the workbook grows without turning its
+results stale), while editing or removing anything a run's modules define makes it stale. Two cases a new name can
+still matter are caught: a new top-level name that shadows a builtin, and new statements outside definitions
+(``<module>``). Not caught: code that iterates over a whole registry or looks names up by string (``getattr``) in a
+way that changes numbers; the workbook's run code does neither. The record-keeping code itself (this module,
+``RECORD_EXEMPT``) is not recorded: it stores and checks runs and computes no number of theirs.
+
+Records written before definitions were recorded hold one hash per module (``{"modules": ...}``);
+``python -m ftta_core runs --migrate`` rewrites them (``record_migration``) by finding, in the git history, the
+module source whose hash they recorded; a module whose source is not found keeps its whole-module hash
+(``LEGACY_KEY``), checked as before.
 """
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import hashlib
 import importlib.util
@@ -49,6 +67,10 @@ log = logging.getLogger(__name__)
 PACKAGE = "ftta_core"
 PACKAGE_DIR = Path(__file__).resolve().parent
 RERUN_STALE_ENV = "FTTA_RERUN_STALE"
+# modules never recorded: the record keeping itself (stores and checks runs, computes none of their numbers)
+RECORD_EXEMPT = frozenset({f"{PACKAGE}.runstore", f"{PACKAGE}.record_migration"})
+MODULE_KEY = "<module>"  # the key of a module's top-level statements that are not definitions
+LEGACY_KEY = "<whole module>"  # the key of a whole-module hash (a record migrated without its source)
 
 
 class RunStoreError(RuntimeError):
@@ -80,9 +102,24 @@ def atomic_write_text(path: Path | str, text: str) -> None:
     atomic_write(path, lambda fh: fh.write(text.encode()))
 
 
+def dumps_summary(summary: Dict[str, Any], indent: int = 1) -> str:
+    """``summary`` as indented JSON, except that each module's definition hashes in its code record are one line
+    (a record holds about a thousand: a readable file, a diff of one line per changed module)."""
+    code = summary.get("code")
+    if not (isinstance(code, dict) and isinstance(code.get("definitions"), dict)):
+        return json.dumps(summary, indent=indent, default=float)
+    lines = {f"@@definitions {i}@@": json.dumps(table, separators=(", ", ": "))
+             for i, table in enumerate(code["definitions"].values())}
+    marked = {**summary, "code": {**code, "definitions": dict(zip(code["definitions"], lines))}}
+    text = json.dumps(marked, indent=indent, default=float)
+    for marker, line in lines.items():
+        text = text.replace(json.dumps(marker), line, 1)
+    return text
+
+
 def store_summary(path: Path | str, summary: Dict[str, Any]) -> None:
     """Write one run's summary file atomically (parallel workers never leave a half-written file behind)."""
-    atomic_write_text(path, json.dumps(summary, indent=1, default=float))
+    atomic_write_text(path, dumps_summary(summary))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -223,40 +260,126 @@ def _dependencies(roots: tuple) -> tuple:
 
 
 def function_hash(qualified: str) -> Optional[str]:
-    """The current ``source_hash`` of a module-level function named ``"package.module:function"`` (None if gone)."""
+    """The current hash of a module-level function named ``"package.module:function"`` (None if gone), as a
+    definition record holds it."""
     module, _, name = qualified.partition(":")
-    path = _module_file(module)
+    return (module_definitions(module) or {}).get(name)
+
+
+def _bound_names(stmt: ast.stmt) -> List[str]:
+    """The names a top-level statement binds (definitions, imports, assignments to names); [] for any other."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        if any(a.name == "*" for a in stmt.names):
+            return []
+        return [a.asname or a.name.split(".")[0] for a in stmt.names]
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else (
+        [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else [])
+    names: List[str] = []
+    for target in targets:
+        for node in ast.walk(target):
+            if isinstance(node, (ast.Attribute, ast.Subscript)):
+                return []  # assigns into an object: a statement of the module, not a binding
+            if isinstance(node, ast.Name):
+                names.append(node.id)
+    return names
+
+
+def _registry_entries(stmt: ast.stmt) -> Optional[Dict[str, str]]:
+    """A dict literal with constant keys bound to one name (``NAME = {"a": A, ...}``): its entries as
+    ``{"NAME['a']": source}``; None for any other statement."""
+    target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else (
+        stmt.target if isinstance(stmt, ast.AnnAssign) else None)
+    value = getattr(stmt, "value", None)
+    if not (isinstance(target, ast.Name) and isinstance(value, ast.Dict) and value.keys
+            and all(isinstance(k, ast.Constant) for k in value.keys)):
+        return None
+    return {f"{target.id}[{k.value!r}]": f"{target.id}[{k.value!r}] = {ast.unparse(v)}"
+            for k, v in zip(value.keys, value.values)}
+
+
+def definition_hashes(source: str) -> Dict[str, str]:
+    """``source``'s top-level definitions, each hashed (``source_hash``): functions and classes by name, imports and
+    assignments by the names they bind (each imported name on its own; a name bound twice hashes both
+    statements), a dict literal with constant
+    keys bound to a name entry by entry (``NAME['key']``), and the remaining statements together as ``<module>``
+    (always present, so a first such statement is a change). Docstrings, including bare strings between
+    statements, do not count."""
+    parts: Dict[str, List[str]] = {MODULE_KEY: []}
+    for stmt in ast.parse(source).body:
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+            continue
+        entries = _registry_entries(stmt)
+        if entries is not None:
+            for key, text in entries.items():
+                parts.setdefault(key, []).append(text)
+            continue
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)) and _bound_names(stmt):
+            for alias in stmt.names:  # one import per name: importing one more name changes no other
+                single = (ast.Import(names=[alias]) if isinstance(stmt, ast.Import) else
+                          ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level))
+                parts.setdefault(alias.asname or alias.name.split(".")[0], []).append(ast.unparse(single))
+            continue
+        for name in _bound_names(stmt) or [MODULE_KEY]:
+            parts.setdefault(name, []).append(ast.unparse(stmt))
+    return {key: source_hash("\n".join(texts)) for key, texts in parts.items()}
+
+
+def module_definitions(name: str) -> Optional[Dict[str, str]]:
+    """The current ``definition_hashes`` of module ``name`` (None if it no longer exists)."""
+    path = _module_file(name)
     if path is None:
         return None
-    return dict(_function_hashes_at(module, path.stat().st_mtime_ns)).get(name)
+    return dict(_definitions_at(name, path.stat().st_mtime_ns))
 
 
 @lru_cache(maxsize=None)
-def _function_hashes_at(module: str, mtime_ns: int) -> tuple:
-    tree = ast.parse(_module_file(module).read_text())
-    return tuple((node.name, source_hash(ast.unparse(node))) for node in tree.body if isinstance(node, ast.FunctionDef))
+def _definitions_at(name: str, mtime_ns: int) -> tuple:
+    return tuple(definition_hashes(_module_file(name).read_text()).items())
 
 
 def code_record_of(roots: Sequence[str], functions: Sequence[str] = ()) -> Dict[str, Any]:
     """The code record of results that depend on the modules ``roots`` (full names; packages mean all their
     modules) and what they import, e.g. FedICON's ``["ftta_core.fedicon", "ftta_core.models"]``, and on the single
-    ``functions`` (``"package.module:function"``) of modules that are otherwise reporting code (``function_hash``);
-    plus the git commit when the package is a git checkout."""
-    modules = {name: module_hash(name) for name in dependencies(roots)}
-    modules.update({name: function_hash(name) for name in functions})
-    return {"modules": modules, "git": _git_commit()}
+    ``functions`` (``"package.module:function"``) of modules that are otherwise reporting code: the
+    ``definition_hashes`` of each module (``RECORD_EXEMPT`` left out), plus the git commit when the package is a
+    git checkout."""
+    definitions: Dict[str, Dict[str, str]] = {}
+    for name in dependencies(roots):
+        current = module_definitions(name)
+        if current is not None and name not in RECORD_EXEMPT:
+            definitions[name] = current
+    for qualified in functions:
+        module, _, function = qualified.partition(":")
+        if module not in definitions:
+            definitions.setdefault(module, {})[function] = function_hash(qualified)
+    return {"definitions": definitions, "git": _git_commit()}
+
+
+def _git_dir() -> Optional[Path]:
+    """The checkout's git folder: ``.git``, or the folder a worktree's ``.git`` file points to."""
+    dot_git = PACKAGE_DIR.parent / ".git"
+    if dot_git.is_file():
+        text = dot_git.read_text().strip()
+        return Path(text[len("gitdir:"):].strip()) if text.startswith("gitdir:") else None
+    return dot_git if dot_git.is_dir() else None
 
 
 @lru_cache(maxsize=1)
 def _git_commit() -> Optional[str]:
-    head = PACKAGE_DIR.parent / ".git" / "HEAD"
+    git_dir = _git_dir()
+    if git_dir is None:
+        return None
+    common = git_dir / "commondir"  # a worktree keeps its refs in the main checkout's folder
+    refs_dir = (git_dir / common.read_text().strip()).resolve() if common.is_file() else git_dir
     with contextlib.suppress(OSError):
-        ref = head.read_text().strip()
+        ref = (git_dir / "HEAD").read_text().strip()
         if ref.startswith("ref: "):
-            target = PACKAGE_DIR.parent / ".git" / ref[5:]
+            target = refs_dir / ref[5:]
             if target.exists():
                 return target.read_text().strip()
-            packed = PACKAGE_DIR.parent / ".git" / "packed-refs"
+            packed = refs_dir / "packed-refs"
             for line in packed.read_text().splitlines() if packed.exists() else []:
                 if line.endswith(" " + ref[5:]):
                     return line.split()[0]
@@ -266,11 +389,27 @@ def _git_commit() -> Optional[str]:
 
 
 def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
-    """The recorded modules whose code changed since (or that are gone); None when nothing was recorded."""
-    if not record or "modules" not in record:
+    """What a record names that changed since: ``module:definition`` for each recorded definition whose code
+    changed or is gone, ``module:name`` for a new top-level name shadowing a builtin, ``module`` for a module gone
+    or (whole-module records) changed; None when nothing was recorded."""
+    if not record or ("modules" not in record and "definitions" not in record):
         return None
-    return [name for name, digest in record["modules"].items()
-            if (function_hash(name) if ":" in name else module_hash(name)) != digest]
+    if "definitions" not in record:  # a record stored before definitions were recorded
+        return [name for name, digest in record["modules"].items()
+                if (function_hash(name) if ":" in name else module_hash(name)) != digest]
+    changed: List[str] = []
+    for module, recorded in record["definitions"].items():
+        current = module_definitions(module)
+        if current is None:
+            changed.append(module)
+            continue
+        for key, digest in recorded.items():
+            now = module_hash(module) if key == LEGACY_KEY else current.get(key)
+            if now != digest:
+                changed.append(module if key == LEGACY_KEY else f"{module}:{key}")
+        if MODULE_KEY in recorded:  # a whole module was recorded (not one function, not a legacy hash)
+            changed += [f"{module}:{key}" for key in current.keys() - recorded.keys() if hasattr(builtins, key)]
+    return changed
 
 
 def run_status(summary: Dict[str, Any]) -> str:

@@ -101,7 +101,10 @@ def test_train_source_stores_a_named_variant_of_a_recipe(tmp_path, capsys):
     assert "--name digits_e1" in card["command"] and "--epochs 1" in card["command"]
     assert main(["train-source", "--model", "digits_cnn_embedded", "--name", "resnet8_cifar10",
                  "--out-dir", str(tmp_path)]) == 2
-    assert "another shipped model's name" in capsys.readouterr().err
+    assert "a shipped model of another recipe" in capsys.readouterr().err
+    # a registered variant's name is accepted with exactly its recipe (how its card says it was made), or alone
+    assert main(["train-source", "--model", "resnet8_cifar10", "--epochs", "1", "--name",
+                 "resnet8_cifar10_e1_n10000", "--out-dir", str(tmp_path)]) == 2  # all images: another recipe
     assert main(["train-source", "--model", "digits_cnn_embedded", "--train-images", "64",
                  "--out-dir", str(tmp_path)]) == 2
     assert "--train-images needs --name" in capsys.readouterr().err

@@ -70,3 +70,19 @@ def test_channels_last_max_pool_equals_the_plain_layer_values_and_gradients():
     g_ours, = torch.autograd.grad(ours.square().sum(), x)
     g_plain, = torch.autograd.grad(plain.square().sum(), x)
     assert torch.equal(g_ours, g_plain)
+
+
+def test_every_registered_source_model_with_a_card_is_retrained_by_its_recipe():
+    """A registered model's card was made by the recipe the registry holds (spec and number of training images), so
+    ``train-source --model NAME`` remakes the committed checkpoint."""
+    import dataclasses
+    import json
+    from ftta_core.training import CHECKPOINT_DIR, SOURCE_TRAIN_IMAGES
+
+    carded = [n for n in SOURCE_MODELS if (CHECKPOINT_DIR / f"{n}.json").exists()]
+    assert "resnet8_cifar10_e1_n10000" in carded
+    for name in carded:
+        card = json.loads((CHECKPOINT_DIR / f"{name}.json").read_text())
+        assert card["spec"] == json.loads(json.dumps(dataclasses.asdict(SOURCE_MODELS[name]))), name
+        if name in SOURCE_TRAIN_IMAGES:
+            assert card["train_images"] == SOURCE_TRAIN_IMAGES[name], name

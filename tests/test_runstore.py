@@ -201,12 +201,14 @@ def test_source_hash_ignores_docstrings_and_comments_but_not_code():
 
 
 def test_code_record_names_the_methods_modules_and_the_run_loop():
-    record = code_record("tent", "fedtsa")["modules"]
+    record = code_record("tent", "fedtsa")["definitions"]
     assert {"ftta_core.tta.basic", "ftta_core.tta.base", "ftta_core.strategies.fedtsa",
-            "ftta_core.strategies.ts_block", "ftta_core.loop", "ftta_core.build", "ftta_core.experiment:run_experiment",
-            "ftta_core.experiment:_run"} <= set(record)
-    assert all(record.values()), [name for name, digest in record.items() if not digest]  # every name is found
+            "ftta_core.strategies.ts_block", "ftta_core.loop", "ftta_core.build", "ftta_core.experiment"} <= set(record)
+    assert {"run_experiment", "_run", "FedTSA"} <= set(record["ftta_core.experiment"]) | set(
+        record["ftta_core.strategies.fedtsa"])
+    assert all(all(d.values()) for d in record.values())  # every definition is found
     assert "ftta_core.strategies.fedamp" not in record and "ftta_core.tta.cotta" not in record
+    assert "ftta_core.runstore" not in record  # the record keeping is not recorded (RECORD_EXEMPT)
     assert stale_modules(code_record("bn", "fedavg")) == []
 
 
@@ -217,13 +219,13 @@ def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, capl
     path = results / f"{config_key(cfg)}.json"
     summary = json.loads(path.read_text())
     assert run_status(summary) == "current"
-    summary["code"]["modules"]["ftta_core.strategies.basic"] = "0" * 16  # as if FedAvg's code had changed since
+    summary["code"]["definitions"]["ftta_core.strategies.basic"]["FedAvg"] = "0" * 16  # as if FedAvg had changed
     summary["accuracy"] = -1.0
     path.write_text(json.dumps(summary))
     with caplog.at_level("WARNING"):
         again = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
     assert again.accuracy.iloc[0] == -1.0  # read back, but not silently:
-    assert "changed since (strategies.basic)" in caplog.text and "FTTA_RERUN_STALE" in caplog.text
+    assert "changed since (strategies.basic:FedAvg)" in caplog.text and "FTTA_RERUN_STALE" in caplog.text
     monkeypatch.setenv("FTTA_RERUN_STALE", "1")
     assert usable(path) is None
     rerun = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
@@ -239,8 +241,10 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     run_grid(cfg, {"fedamp": {}}, [0], results_dir=results, progress=False)
     path = results / f"{config_key(cfg)}.json"
     stored = json.loads(path.read_text())
-    stale = {**stored, "code": {**stored["code"], "modules": {**stored["code"]["modules"],
-                                                              "ftta_core.strategies.fedamp": "0" * 16}}}
+    definitions = {**stored["code"]["definitions"],
+                   "ftta_core.strategies.fedamp": {**stored["code"]["definitions"]["ftta_core.strategies.fedamp"],
+                                                   "FedAMP": "0" * 16}}
+    stale = {**stored, "code": {**stored["code"], "definitions": definitions}}
     del stale["absent_uploads"]  # a field added after the run was stored is not asked of it
     path.write_text(json.dumps(stale))  # as if FedAMP's code had changed since, without moving a number
     assert run_status(read_summary(path)) == "stale"
@@ -249,7 +253,7 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     assert result["status"] == "reproduced" and result["differences"] == []
     again = read_summary(path)
     assert run_status(again) == "current" and again["accuracy"] == stored["accuracy"]
-    assert again["reproduced"][0]["former_changed"] == ["ftta_core.strategies.fedamp"]
+    assert again["reproduced"][0]["former_changed"] == ["ftta_core.strategies.fedamp:FedAMP"]
     # a number that today's code does not make: reported, the file left as it is, exit status 1
     wrong = {**stale, "accuracy_by_domain": {**stale["accuracy_by_domain"], "contrast": 1.0}}
     path.write_text(json.dumps(wrong))

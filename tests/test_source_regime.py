@@ -54,3 +54,25 @@ def test_three_models_say_whether_weaker_is_nearer(tmp_path):
     assert ("the lower a model's clean accuracy, the nearer it is to the paper's level (Spearman of clean accuracy "
             "and distance +1.00) and the less its corruptions rank like the paper's") in reading
     assert "Nearest to the paper in level: `shortest`" in reading
+
+
+def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
+    import pandas as pd
+
+    from ftta_core.fedtsa.source_regime import conclusions_by_model, conclusions_reading
+
+    def grid(values):
+        return pd.DataFrame([{"tta": "bn", "setting": "niid", "strategy": s, "seed": seed, "accuracy": acc,
+                              "accuracy_local": acc} for (s, seed), acc in values.items()])
+
+    shipped = grid({("local", 0): 60, ("local", 1): 61, ("fedavg", 0): 62, ("fedavg", 1): 64,
+                    ("fedtsa", 0): 60.2, ("fedtsa", 1): 61.1, ("fedamp", 1): 70})
+    weak = grid({("local", 0): 40, ("fedavg", 0): 38, ("fedtsa", 0): 40.1})
+    table = conclusions_by_model({"shipped": shipped, "weak": weak}, "shipped")
+    row = table.set_index(["method", "model"])
+    assert row.loc[("FedAvg", "shipped"), "gain over Local"] == 2.5 and row.loc[("FedAvg", "shipped"), "seeds"] == 2
+    assert row.loc[("FedAMP", "shipped"), "seeds"] == 1  # paired: only the seed both have
+    assert not row.loc[("FedAvg", "weak"), "same sign"] and row.loc[("FedTSA", "weak"), "same sign"]  # a tie both
+    reading = conclusions_reading(table, "shipped")
+    assert reading.startswith("1 of 2 gains over Local change sign") and "FedAvg − Local: +2.50" in reading
+    assert conclusions_reading(conclusions_by_model({"shipped": shipped}, "shipped"), "shipped").startswith("No ")

@@ -9,16 +9,20 @@ cards, ``data/checkpoints/*.json``) beside the paper's No-Adapt row (FedTSA Tabl
 the same protocol) and computes, per model, the paper's accuracy as a fraction of ours on each corruption (mean and
 spread) and the rank correlation of the two profiles; the reading says which of our models is nearest in level.
 Nothing here runs: train a model with ``python -m ftta_core train-source`` (its card carries the numbers).
+
+``conclusions_by_model`` then asks which of our Table 1 conclusions change with the source model: the same protocol
+run on the shipped model and on one in the paper's regime (``fedtsa-table --model NAME``), each strategy's gain over
+Local paired by seed, and whether its sign (beyond a tie) is the same on both models.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import pandas as pd
 
-from ..paper import paper_table
+from ..paper import METHOD_LABELS, paper_table
 
 PAPER = "fedtsa_table2"
 PAPER_ROW = "No-Adapt"
@@ -100,4 +104,62 @@ def regime_reading(summary: pd.DataFrame, same_shape: float = 0.9) -> str:
     return text
 
 
-__all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading"]
+def _sign(x: float, tie: float) -> str:
+    return "tie" if pd.isna(x) or abs(x) < tie else ("+" if x > 0 else "-")
+
+
+def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: float = 0.5) -> pd.DataFrame:
+    """Each strategy's gain over Local per (tta, setting) on every source model, from ``grids`` (model name ->
+    ``table1.stored_table1_runs`` of that model): mean over the seeds both Local and the strategy have on that
+    model (paired), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
+    ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy)."""
+    rows = []
+    for model, grid in grids.items():
+        if grid.empty:
+            continue
+        for (tta, setting), g in grid.groupby(["tta", "setting"]):
+            by = g.pivot_table(index="seed", columns="strategy", values="accuracy")
+            local = g[g.strategy == "local"].set_index("seed")["accuracy_local"] if "local" not in by else by["local"]
+            for strategy in by.columns:
+                if strategy == "local":
+                    continue
+                gain = (by[strategy] - local).dropna()
+                rows.append({"tta": tta, "setting": setting, "method": METHOD_LABELS.get(strategy, strategy),
+                             "model": model, "gain over Local": gain.mean() if len(gain) else float("nan"),
+                             "seeds": len(gain)})
+    if not rows:
+        return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
+    table = pd.DataFrame(rows)
+    ref = table[table.model == reference].set_index(["tta", "setting", "method"])["gain over Local"]
+    table["same sign"] = [
+        None if key not in ref.index or pd.isna(r) else _sign(r, tie) == _sign(ref[key], tie)
+        for key, r in zip(zip(table.tta, table.setting, table.method), table["gain over Local"])]
+    return table.sort_values(["tta", "setting", "method", "model"]).reset_index(drop=True)
+
+
+def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -> str:
+    """Which gains over Local keep their sign when the source model changes, computed from
+    ``conclusions_by_model``; names the cells with fewer than two seeds."""
+    other = table[(table.model != reference) & table["same sign"].notna()]
+    if other.empty:
+        return (f"No (tta, setting, method) has runs on both `{reference}` and another source model yet: "
+                "nothing to compare.")
+    ref = table[table.model == reference].set_index(["tta", "setting", "method"])
+    parts, changed, few = [], [], 0
+    for _, r in other.iterrows():
+        key = (r["tta"], r["setting"], r["method"])
+        ref_seeds = int(ref.loc[key, "seeds"])
+        line = (f"TTA-{r['tta']} {r['setting'].upper()} {r['method']} − Local: {ref.loc[key, 'gain over Local']:+.2f} "
+                f"({ref_seeds} seeds) on `{reference}`, {r['gain over Local']:+.2f} ({r['seeds']} seeds) on "
+                f"`{r['model']}`")
+        parts.append(line)
+        changed += [line] if not r["same sign"] else []
+        few += min(r["seeds"], ref_seeds) < 2
+    verdict = (f"{len(changed)} of {len(other)} gains over Local change sign (or turn into / out of a tie of "
+               f"±{tie}) with the source model" + (": " + "; ".join(changed) if changed else "") + ".")
+    return (verdict + " All compared: " + "; ".join(parts) + "."
+            + (f" {few} of them rest on a single seed on one model." if few else ""))
+
+
+__all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading",
+           "conclusions_by_model", "conclusions_reading"]

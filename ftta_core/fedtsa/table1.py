@@ -111,12 +111,14 @@ def to_markdown(table: pd.DataFrame) -> str:
 TABLE1_SETTINGS = ("niid", "iid")
 
 
-def table1_config(dataset: str, setting: str, tta: str, device: str = "auto") -> ExperimentConfig:
+def table1_config(dataset: str, setting: str, tta: str, device: str = "auto", model: Optional[str] = None,
+                  backend: str = "vectorized", max_steps: Optional[int] = None) -> ExperimentConfig:
     """The base config of one Table I column, exactly as ``python -m ftta_core fedtsa-table`` builds it (so its
-    stored runs are found by config hash): 20 clients, batch 10, 500 images per client and corruption, severity 5."""
+    stored runs are found by config hash): 20 clients, batch 10, 500 images per client and corruption, severity 5;
+    ``model``: the source model (None: the dataset's shipped one, ``training.SOURCE_MODELS``)."""
     return ExperimentConfig(dataset=dataset, scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
-                            images_per_client=500, severity=5, device=device, backend="vectorized",
-                            **TTA_SETTINGS[tta])
+                            images_per_client=500, severity=5, device=device, backend=backend, max_steps=max_steps,
+                            model=model, **TTA_SETTINGS[tta])
 
 
 # config fields a FedTSA-protocol scenario does not read (their defaults changed over time: older stored runs carry
@@ -136,11 +138,12 @@ def _matches_column(config: dict, base: dict, strategies: Sequence[str], seeds: 
 def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds: Sequence[int],
                        dataset: str = "cifar10", ttas: Sequence[str] = ("bn", "grad"),
                        settings: Sequence[str] = TABLE1_SETTINGS,
-                       strategy_params: Optional[Mapping[str, Any]] = None) -> pd.DataFrame:
+                       strategy_params: Optional[Mapping[str, Any]] = None,
+                       model: Optional[str] = None) -> pd.DataFrame:
     """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
     with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ...).
     ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
-    with ``run-plan``) instead of their defaults.
+    with ``run-plan``) instead of their defaults; ``model``: the runs on this source model (None: the shipped one).
 
     ``code``: the run's ``runstore.run_status`` (current, stale: made by code that changed since, unrecorded).
 
@@ -154,7 +157,7 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
     rows = []
     for tta in ttas:
         for setting in settings:
-            base = table1_config(dataset, setting, tta).to_dict()
+            base = table1_config(dataset, setting, tta, model=model).to_dict()
             for s in summaries:
                 c = s.get("config", {})
                 if _matches_column(c, base, strategies, seeds, strategy_params):

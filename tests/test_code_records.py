@@ -1,0 +1,118 @@
+"""Definition code records: what turns a stored run stale (an edited or removed definition, a new builtin-shadowing
+name, a new module statement) and what does not (a new function, registry entry or imported name), and the
+migration of whole-module records through the git history."""
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import ftta_core.runstore as runstore
+from ftta_core.record_migration import GitSources, migrate, migrate_record
+from ftta_core.runstore import LEGACY_KEY, MODULE_KEY, definition_hashes, source_hash, stale_modules
+
+V1 = '''"""A module."""
+from typing import Dict
+import math
+
+SPECS = {"a": dict(lr=0.1), "b": dict(lr=0.2)}
+
+
+def f(x):
+    """Doc."""
+    return math.sqrt(x)
+
+
+class C:
+    def g(self):
+        return f(4)
+'''
+
+
+def _record_against(monkeypatch, recorded_source: str, current_source: str):
+    """What ``stale_modules`` says of a record of module ``m`` made at ``recorded_source`` when ``m`` is now
+    ``current_source``."""
+    monkeypatch.setattr(runstore, "module_definitions", lambda name: definition_hashes(current_source))
+    monkeypatch.setattr(runstore, "module_hash", lambda name: source_hash(current_source))
+    return stale_modules({"definitions": {"m": definition_hashes(recorded_source)}})
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace("from typing import Dict", "from typing import Dict, List"),  # one more imported name
+    lambda s: s + "\n\ndef h():\n    return 1\n",  # a new function
+    lambda s: s.replace('"b": dict(lr=0.2)}', '"b": dict(lr=0.2), "c": dict(lr=0.3)}'),  # a new registry entry
+    lambda s: s.replace('"""Doc."""', '"""Other words."""  # and a comment'),  # docs and comments
+])
+def test_additions_and_docs_leave_a_run_current(monkeypatch, edit):
+    assert _record_against(monkeypatch, V1, edit(V1)) == []
+
+
+@pytest.mark.parametrize("edit, changed", [
+    (lambda s: s.replace("math.sqrt(x)", "math.sqrt(x) + 1"), ["m:f"]),  # an edited function
+    (lambda s: s.replace("return f(4)", "return f(9)"), ["m:C"]),  # an edited method: its class
+    (lambda s: s.replace('"b": dict(lr=0.2)', '"b": dict(lr=0.5)'), ["m:SPECS['b']"]),  # an edited entry
+    (lambda s: s.replace(', "b": dict(lr=0.2)', ""), ["m:SPECS['b']"]),  # a removed entry
+    (lambda s: s.replace("import math", "import cmath as math"), ["m:math"]),  # a name bound to other code
+    (lambda s: s + "\nmath.pi = 3\n", ["m:" + MODULE_KEY]),  # a first statement outside definitions
+    (lambda s: s + "\n\ndef len(x):\n    return 0\n", ["m:len"]),  # a new name shadowing a builtin
+])
+def test_edits_removals_and_shadowing_make_a_run_stale(monkeypatch, edit, changed):
+    assert _record_against(monkeypatch, V1, edit(V1)) == changed
+
+
+def test_a_gone_module_and_a_whole_module_hash_are_still_checked(monkeypatch):
+    monkeypatch.setattr(runstore, "module_definitions", lambda name: None)
+    assert stale_modules({"definitions": {"m": {"f": "x"}}}) == ["m"]
+    monkeypatch.setattr(runstore, "module_definitions", lambda name: definition_hashes(V1))
+    monkeypatch.setattr(runstore, "module_hash", lambda name: source_hash(V1))
+    assert stale_modules({"definitions": {"m": {LEGACY_KEY: source_hash(V1)}}}) == []
+    assert stale_modules({"definitions": {"m": {LEGACY_KEY: "0" * 16}}}) == ["m"]
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+def test_migration_finds_the_recorded_source_in_git_and_keeps_unknown_ones_whole(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    (repo / "pkg" / "m.py").write_text(V1)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "v1")
+    v2 = V1.replace("math.sqrt(x)", "math.sqrt(x) + 1")
+    (repo / "pkg" / "m.py").write_text(v2)
+    _git(repo, "commit", "-qam", "v2")
+    (repo / "pkg" / "m.py").write_text(v2 + "\n\ndef h():\n    return 2\n")  # uncommitted
+    legacy = {"modules": {"pkg.m": source_hash(V1), "pkg.m:f": source_hash('def f(x):\n    return math.sqrt(x)\n'),
+                          "pkg.gone": "0" * 16, "ftta_core.runstore": "1" * 16},
+              "git": "abc"}
+    migrated, missing = migrate_record(legacy, GitSources(repo))
+    assert migrated["definitions"]["pkg.m"] == definition_hashes(V1)  # the whole module (finer than one function)
+    assert migrated["definitions"]["pkg.gone"] == {LEGACY_KEY: "0" * 16} and missing == ["pkg.gone"]
+    assert "ftta_core.runstore" not in migrated["definitions"] and migrated["git"] == "abc"
+    assert migrate_record(migrated, GitSources(repo)) == (migrated, [])  # a definition record stays as it is
+    # a stored file: rewritten in place, its layout kept, other files untouched
+    stored = tmp_path / "runs"
+    stored.mkdir()
+    (stored / "a.json").write_text(json.dumps({"accuracy": 1.0, "code": legacy}, indent=1))
+    (stored / "b.json").write_text(json.dumps({"accuracy": 2.0}, indent=1))
+    report = migrate([stored], GitSources(repo))
+    assert report == {"files": 2, "migrated": 1, "kept_whole": {"pkg.gone": 1}}
+    rewritten = json.loads((stored / "a.json").read_text())
+    assert rewritten["accuracy"] == 1.0 and rewritten["code"] == migrated
+    assert (stored / "a.json").read_text().startswith('{\n "')
+    assert migrate([stored], GitSources(repo))["migrated"] == 0
+
+
+def test_a_summary_with_a_definition_record_is_written_one_line_per_module():
+    from ftta_core.build import code_record
+    from ftta_core.runstore import dumps_summary
+
+    summary = {"accuracy": 70.0, "config": {"seed": 0}, "code": code_record("bn", "fedavg")}
+    text = dumps_summary(summary)
+    assert json.loads(text) == summary
+    assert len(text.splitlines()) < 20 + len(summary["code"]["definitions"])
+    assert dumps_summary({"accuracy": 1.0}) == json.dumps({"accuracy": 1.0}, indent=1)
