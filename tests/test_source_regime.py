@@ -66,13 +66,15 @@ def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
                               "accuracy_local": acc} for (s, seed), acc in values.items()])
 
     shipped = grid({("local", 0): 60, ("local", 1): 61, ("fedavg", 0): 62, ("fedavg", 1): 64,
-                    ("fedtsa", 0): 60.2, ("fedtsa", 1): 61.1, ("fedamp", 1): 70})
-    weak = grid({("local", 0): 40, ("fedavg", 0): 38, ("fedtsa", 0): 40.1})
+                    ("fedtsa", 0): 60.2, ("fedtsa", 1): 61.1, ("fedamp", 1): 70, ("fedprox", 1): 66})
+    weak = grid({("local", 0): 40, ("fedavg", 0): 38, ("fedtsa", 0): 40.1, ("fedprox", 0): 41})
     table = conclusions_by_model({"shipped": shipped, "weak": weak}, "shipped")
     row = table.set_index(["method", "model"])
     assert row.loc[("FedAvg", "shipped"), "gain over Local"] == 2.5 and row.loc[("FedAvg", "shipped"), "seeds"] == 2
-    assert row.loc[("FedAMP", "shipped"), "seeds"] == 1  # paired: only the seed both have
+    assert ("FedAMP", "shipped") not in row.index  # on one model only: nothing to compare
+    assert row.loc[("FedProx", "shipped"), "gain over Local"] == 5 and row.loc[("FedProx", "shipped"), "seeds"] == 1
     assert not row.loc[("FedAvg", "weak"), "same sign"] and row.loc[("FedTSA", "weak"), "same sign"]  # a tie both
     reading = conclusions_reading(table, "shipped")
-    assert reading.startswith("1 of 2 gains over Local change sign") and "FedAvg − Local: +2.50" in reading
+    assert reading.startswith("1 of 3 gains over Local change sign") and "FedAvg − Local: +2.50" in reading
+    assert reading.endswith("3 of them rest on a single seed on one model.")
     assert conclusions_reading(conclusions_by_model({"shipped": shipped}, "shipped"), "shipped").startswith("No ")

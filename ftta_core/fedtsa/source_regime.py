@@ -112,7 +112,8 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
     """Each strategy's gain over Local per (tta, setting) on every source model, from ``grids`` (model name ->
     ``table1.stored_table1_runs`` of that model): mean over the seeds both Local and the strategy have on that
     model (paired), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
-    ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy)."""
+    ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy, model), for the
+    (tta, setting, strategy) that have runs on ``reference`` and on another model."""
     rows = []
     for model, grid in grids.items():
         if grid.empty:
@@ -130,6 +131,9 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
     if not rows:
         return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
     table = pd.DataFrame(rows)
+    on_models = table.groupby(["tta", "setting", "method"])["model"].transform("nunique")
+    table = table[(on_models > 1) & table.groupby(["tta", "setting", "method"])["model"].transform(
+        lambda m: (m == reference).any())]  # only what can be compared with the reference
     ref = table[table.model == reference].set_index(["tta", "setting", "method"])["gain over Local"]
     table["same sign"] = [
         None if key not in ref.index or pd.isna(r) else _sign(r, tie) == _sign(ref[key], tie)
