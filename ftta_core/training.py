@@ -179,3 +179,19 @@ def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
                       "| " + " | ".join(f"{v:.1f}" for v in corrupted.values()) + " |"]
         lines.append("")
     return "\n".join(lines)
+
+
+def source_model_line(name: str, directory: Path = CHECKPOINT_DIR) -> str:
+    """One sentence naming source model ``name`` and what its card says (recipe, clean and corrupted accuracy), for a
+    notebook to state which source model its tables used."""
+    path = directory / f"{name}.json"
+    if not path.exists():
+        return f"Source model: `{name}` (no card: train it with `python -m ftta_core train-source --model {name}`)."
+    card = json.loads(path.read_text())
+    spec = card["spec"]
+    images = f" on {card['train_images']:,} training images" if "train_images" in card else ""
+    corrupted = card.get("corrupted_mean_accuracy_severity5")
+    robust = f", {corrupted:.2f}% on the 15 corruptions at severity 5" if corrupted is not None else ""
+    epochs = f"{card['epochs']} epoch" + ("s" if card["epochs"] != 1 else "")
+    return (f"Source model: `{name}` ({spec['arch']}, {epochs} on {spec['dataset']}{images}; clean "
+            f"{card['clean_test_accuracy']:.2f}%{robust}; card `data/checkpoints/{name}.json`).")

@@ -150,19 +150,21 @@ print(f"On this stream: {' > '.join(f'{m} {accs[m]:.2f}' for m in order)} (seed 
 # `python -m ftta_core fedtsa-table` runs the protocol (20 clients, batch 10, 500 images per client and corruption,
 # severity 5, NIID 4-area map and IID) and stores one summary per run under `figures/fedtsa_table1/runs/`. This cell
 # reads the stored runs of the paper's two modes (TTA-bn; TTA-grad = Tent on all parameters, SGD 1e-4, BN on batch
-# statistics) by config (no new runs) and lays them beside the paper's Table 1. Source model: our ResNet-8
-# (`resnet8_cifar10`, `data/checkpoints/README.md`).
+# statistics) by config (no new runs) and lays them beside the paper's Table 1 (the source model below is the one
+# the runs' configs name).
 
 # %%
 from IPython.display import Markdown
 
 from ftta_core.paper import METHOD_LABELS
-from ftta_core.fedtsa.table1 import (beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs, tta_grad_cells,
-                                     tta_grad_cells_reading)
+from ftta_core.fedtsa.table1 import (beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs, table1_config,
+                                     tta_grad_cells, tta_grad_cells_reading)
+from ftta_core.training import source_model_line
 
 all_seeds = list(range(5))
 methods = [m for m in METHOD_LABELS if m != "source"]
 runs = stored_table1_runs(results_dir, methods, all_seeds, ttas=("bn", "grad"))
+print(source_model_line(table1_config("cifar10", "niid", "bn").model_name))
 if runs.empty:
     print("no stored runs yet: python -m ftta_core fedtsa-table --help")
 else:
@@ -224,6 +226,7 @@ model_ttas = ("bn", "grad-running-adam")
 by_model = {"resnet8_cifar10": stored_table1_runs(results_dir, methods, all_seeds, ttas=model_ttas),
             second_source_model: stored_table1_runs(results_dir, methods, all_seeds, ttas=model_ttas,
                                                     model=second_source_model)}
+print(source_model_line(second_source_model))
 model_conclusions = conclusions_by_model(by_model, "resnet8_cifar10")
 if len(model_conclusions):
     display(tables.show(model_conclusions.set_index(["tta", "setting", "method", "model"]), best=None))

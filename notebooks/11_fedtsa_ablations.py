@@ -78,6 +78,7 @@ from IPython.display import Markdown
 from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
+from ftta_core.training import source_model_line
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
 from ftta_core.workbook import (difference_phrase, heterogeneity_sweep, mean_std, ordering_phrase, paired_difference,
                                per_domain_table, per_seed_values, run_grid, stored_summaries, strategy_comparison,
@@ -96,6 +97,7 @@ else:  # exactly the config of `python -m ftta_core fedtsa-table`, so Table 1's 
                             images_per_client=500, severity=5, **TTA_SETTINGS[tta])
 Path(figure_dir).mkdir(parents=True, exist_ok=True)
 COMPARED = ["fedavg", "fedamp", "pfedgraph", "fedtsa"]
+print(source_model_line(base.model_name))  # every run of this notebook adapts this model
 
 
 def grid(cfg, variants):
@@ -278,7 +280,7 @@ display(Markdown("\n\n".join([sweep_param_reading(fig7_t, "T", windows),
 # ## Tables 2 and 3: accuracy per corruption, beside the paper's CIFAR-10-C rows
 # Table 2 reads the IID protocol runs stored for Table 1 (`fedtsa-table`); Table 3 runs SH = 0.25 with a new
 # corruption at every step. The paper's numbers are for its source model (35% without adaptation on Table 1's
-# protocol) and ours for our ResNet-8 (63%): compare the differences between methods per corruption.
+# protocol) and ours for the source model named at the top: compare the differences between methods per corruption.
 
 # %%
 TABLE_METHODS = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa"]

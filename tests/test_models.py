@@ -86,3 +86,12 @@ def test_every_registered_source_model_with_a_card_is_retrained_by_its_recipe():
         assert card["spec"] == json.loads(json.dumps(dataclasses.asdict(SOURCE_MODELS[name]))), name
         if name in SOURCE_TRAIN_IMAGES:
             assert card["train_images"] == SOURCE_TRAIN_IMAGES[name], name
+
+
+def test_source_model_line_reads_the_card():
+    from ftta_core.training import source_model_line
+
+    line = source_model_line("resnet8_cifar10_e1_n10000")
+    assert line.startswith("Source model: `resnet8_cifar10_e1_n10000` (resnet8, 1 epoch on cifar10 on 10,000 training")
+    assert "clean 46.63%" in line and "37.56% on the 15 corruptions" in line
+    assert "no card" in source_model_line("not_a_model")
