@@ -470,7 +470,9 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
                     log=functools.partial(print, flush=True))
     errors = [d for d in done if "error" in d]
     skipped = sum(1 for d in done if d.get("skipped"))
-    print(f"ran {sum(d['runs'] for d in done)} runs; {skipped} jobs skipped at the deadline; {len(errors)} failed")
+    elsewhere = sum(1 for d in done if "elsewhere" in d)
+    print(f"ran {sum(d['runs'] for d in done)} runs; {skipped} jobs skipped at the deadline; {elsewhere} left to "
+          f"another process running them; {len(errors)} failed")
     return 1 if errors else 0
 
 

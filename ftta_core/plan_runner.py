@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .experiment import ExperimentConfig
 from .plan import PLAN_ENV, PlannedJob, results_path
 from .progress import progress_bar
+from .runstore import RunInUse
 from .workbook import run_grid, run_strategy_grid, stored_path
 
 
@@ -52,11 +53,14 @@ def _init_worker(threads: int) -> None:
 
 
 def _run_before(job: PlannedJob, deadline: Optional[float]) -> Dict[str, Any]:
-    """``run_job`` unless the wall-clock ``deadline`` (epoch seconds) has passed: then the job is skipped."""
+    """``run_job`` unless the wall-clock ``deadline`` (epoch seconds) has passed: then the job is skipped. A job
+    whose run another process is running (two ``run-plan`` calls sharing a job) is left to it: ``elsewhere``."""
     if deadline is not None and time.time() > deadline:
         return {"job": job.describe(), "runs": 0, "seconds": 0.0, "skipped": True}
     try:
         return run_job(job)
+    except RunInUse as err:
+        return {"job": job.describe(), "runs": 0, "seconds": 0.0, "elsewhere": str(err)}
     except Exception as err:  # one broken job must not stop the others; the log names it
         return {"job": job.describe(), "runs": 0, "seconds": 0.0, "error": f"{type(err).__name__}: {err}"}
 

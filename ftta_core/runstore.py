@@ -77,6 +77,10 @@ class RunStoreError(RuntimeError):
     """A run folder cannot be used as asked (locked, or holding another config's finished run)."""
 
 
+class RunInUse(RunStoreError):
+    """A run folder is locked by another live process (``RunLock``)."""
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # atomic files
 
@@ -145,7 +149,7 @@ class RunLock:
             holder = self._fh.read().strip() or "?"
             self._fh.close()
             self._fh = None
-            raise RunStoreError(f"run folder {self.folder} is in use by another run (pid {holder}); wait for it or "
+            raise RunInUse(f"run folder {self.folder} is in use by another run (pid {holder}); wait for it or "
                                 "use another --out") from None
         self._fh.seek(0)
         self._fh.truncate()

@@ -64,3 +64,30 @@ def test_cli_run_plan_exits_nonzero_when_a_job_fails(tmp_path, capsys):
                                 "results_dir": str(tmp_path / "r")}) + "\n")
     assert main(["run-plan", str(plan)]) == 1
     assert "1 failed" in capsys.readouterr().out
+
+
+def test_a_job_another_process_is_running_is_left_to_it_not_failed(tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import subprocess
+    import sys
+
+    from ftta_core.workbook import partial_dir
+
+    monkeypatch.setenv("FTTA_PARTIAL_DIR", str(tmp_path / "partial"))
+    cfg = dataclasses.replace(BASE, strategy="fedavg", local="tent", local_params={"params": "bn_affine"})
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text(json.dumps({"config": cfg.to_dict(), "results_dir": str(tmp_path / "r")}) + "\n")
+    folder = partial_dir(cfg)
+    folder.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.flock(f.fileno(), fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+                               str(folder / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # another process runs this job now
+        (left,) = run_plan(read_plan(plan), log=lambda line: None)
+        assert "elsewhere" in left and "error" not in left and left["runs"] == 0, left
+        assert main(["run-plan", str(plan)]) == 0
+        assert "1 left to another process running them; 0 failed" in capsys.readouterr().out
+    finally:
+        holder.kill()
+        holder.wait()
