@@ -42,6 +42,7 @@ import tempfile
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ftta_core.training import source_model_line
 from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
@@ -62,6 +63,7 @@ if smoke:
 else:
     cfg = ExperimentConfig(dataset="cifar10", scenario="case_study", clients=10, batch_size=10, images_per_client=500,
                            severity=5, seed=seed, max_steps=max_steps, **TTA_SETTINGS[tta])
+print(source_model_line(cfg.model_name))  # the model every run of this notebook adapts
 runs = run_stored(cfg, strategies, results_dir)  # reads the stored runs; runs only what is missing
 case_study_domains(runs[strategies[0]])
 

@@ -58,6 +58,7 @@ import pandas as pd
 import torch
 from IPython.display import Markdown, display
 
+from ftta_core.training import source_model_line
 from ftta_core import plots, style, tables
 from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
@@ -193,12 +194,13 @@ display(Markdown(fidelity.claims_reading(claims)))
 # Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
 # summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs
 # each row averages (the No-Adapt row counts one entry per distinct run, CPU and GPU runs of one seed included).
-# The paper's source model scores 30.5% without adaptation, ours 63.5%: compare each method's gap to FedAvg, not the
-# absolute values.
+# The paper's source model scores 30.5% without adaptation, ours is named below (from the runs' config): compare each
+# method's gap to FedAvg, not the absolute values.
 
 # %%
 table2_methods = ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"]
 iid_bn = table1_config("cifar10", "iid", "bn")
+print(source_model_line(iid_bn.model_name))
 table2 = per_domain_table(stored_summaries(iid_bn, {s: {"strategy": s} for s in table2_methods}, cifar_seeds,
                                            results_dir))
 if table2.empty:

@@ -112,6 +112,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+from ftta_core.training import source_model_line
 from ftta_core.pfedbbn import imbalance
 from ftta_core import plots, style, tables
 from ftta_core.notebooks import smoke_mode
@@ -142,6 +143,7 @@ else:
     label = (f"FULL GRID: {dataset}-C, {clients} clients, batch {batch_size}, {images_per_client} images per client "
              f"and corruption, corruptions {corruptions}, alphas {alphas}, seeds {seeds}")
 print(label)
+print(source_model_line(base.model_name))
 print(f"compute={compute}: " + ("missing runs are run now" if compute else "stored runs only"))
 variants = imbalance.table1_variants(base, methods, strategies, alphas)
 cells = imbalance.variant_cells(variants)

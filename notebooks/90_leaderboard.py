@@ -52,6 +52,7 @@ import pandas as pd
 
 from IPython.display import Markdown
 
+from ftta_core.training import source_model_line
 from ftta_core import style, tables
 from ftta_core.experiment import ExperimentConfig
 
@@ -74,6 +75,7 @@ else:
     base = ExperimentConfig(dataset="cifar10", scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
                             images_per_client=500, severity=5)
 Path(figure_dir).mkdir(parents=True, exist_ok=True)
+print(source_model_line(base.model_name))  # every run of this notebook adapts this model
 
 # %% [markdown]
 # ## The leaderboard
