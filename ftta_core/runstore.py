@@ -28,7 +28,8 @@ at once with one line. A folder holding a finished run of another config is neve
 import, the loop, engine, stream, scenarios, corruptions, models, data loaders, ``build`` and ``experiment``'s run
 functions), each as a hash per **top-level definition** (``definition_hashes``): a function or class by its name, a
 constant or import by the name it binds, each entry of a registry written as a dict literal (``NAME = {"key": ...}``)
-as ``NAME['key']``, and every other top-level statement together as ``<module>``; hashed from the syntax tree
+as ``NAME['key']``, and every other top-level statement together as ``<module>`` (``__all__`` left out: the package
+has no star import); hashed from the syntax tree
 without docstrings, so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is
 ``current``, ``stale`` (a definition it recorded changed or is gone: ``stale_modules`` names them) or
 ``unrecorded`` (stored before records existed). Grids never reuse a stale run silently: they warn and, with
@@ -70,6 +71,9 @@ RERUN_STALE_ENV = "FTTA_RERUN_STALE"
 # modules never recorded: the record keeping itself (stores and checks runs, computes none of their numbers)
 RECORD_EXEMPT = frozenset({f"{PACKAGE}.runstore", f"{PACKAGE}.record_migration"})
 MODULE_KEY = "<module>"  # the key of a module's top-level statements that are not definitions
+# names never recorded: ``__all__`` only decides what ``from m import *`` binds, and the package has no star import
+# (tests/test_code_records.py checks it), so listing a new function there changes no run
+UNRECORDED_NAMES = frozenset({"__all__"})
 LEGACY_KEY = "<whole module>"  # the key of a whole-module hash (a record migrated without its source)
 
 
@@ -306,10 +310,9 @@ def _registry_entries(stmt: ast.stmt) -> Optional[Dict[str, str]]:
 def definition_hashes(source: str) -> Dict[str, str]:
     """``source``'s top-level definitions, each hashed (``source_hash``): functions and classes by name, imports and
     assignments by the names they bind (each imported name on its own; a name bound twice hashes both
-    statements), a dict literal with constant
-    keys bound to a name entry by entry (``NAME['key']``), and the remaining statements together as ``<module>``
-    (always present, so a first such statement is a change). Docstrings, including bare strings between
-    statements, do not count."""
+    statements), a dict literal with constant keys bound to a name entry by entry (``NAME['key']``), and the
+    remaining statements together as ``<module>`` (always present, so a first such statement is a change).
+    Docstrings, including bare strings between statements, and ``UNRECORDED_NAMES`` do not count."""
     parts: Dict[str, List[str]] = {MODULE_KEY: []}
     for stmt in ast.parse(source).body:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
@@ -325,7 +328,10 @@ def definition_hashes(source: str) -> Dict[str, str]:
                           ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level))
                 parts.setdefault(alias.asname or alias.name.split(".")[0], []).append(ast.unparse(single))
             continue
-        for name in _bound_names(stmt) or [MODULE_KEY]:
+        names = _bound_names(stmt)
+        if names and set(names) <= UNRECORDED_NAMES:
+            continue
+        for name in names or [MODULE_KEY]:
             parts.setdefault(name, []).append(ast.unparse(stmt))
     return {key: source_hash("\n".join(texts)) for key, texts in parts.items()}
 
@@ -408,6 +414,8 @@ def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
             changed.append(module)
             continue
         for key, digest in recorded.items():
+            if key in UNRECORDED_NAMES:  # recorded before it was left out
+                continue
             now = module_hash(module) if key == LEGACY_KEY else current.get(key)
             if now != digest:
                 changed.append(module if key == LEGACY_KEY else f"{module}:{key}")

@@ -1,6 +1,7 @@
 """Definition code records: what turns a stored run stale (an edited or removed definition, a new builtin-shadowing
 name, a new module statement) and what does not (a new function, registry entry or imported name), and the
 migration of whole-module records through the git history."""
+import ast
 import json
 import subprocess
 from pathlib import Path
@@ -116,3 +117,14 @@ def test_a_summary_with_a_definition_record_is_written_one_line_per_module():
     assert json.loads(text) == summary
     assert len(text.splitlines()) < 20 + len(summary["code"]["definitions"])
     assert dumps_summary({"accuracy": 1.0}) == json.dumps({"accuracy": 1.0}, indent=1)
+
+
+def test_exports_are_not_recorded_and_the_package_has_no_star_import(monkeypatch):
+    """``__all__`` matters only to ``from m import *``: listing a new function there leaves runs current, which is
+    sound only while no module of the package star-imports."""
+    with_all = V1 + '\n__all__ = ["f", "C"]\n'
+    assert _record_against(monkeypatch, with_all, with_all.replace('"C"]', '"C", "h"]') + "\n\ndef h():\n    pass\n") == []
+    star = [str(path) for path in runstore.PACKAGE_DIR.rglob("*.py")
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)]
+    assert star == []
