@@ -77,4 +77,10 @@ def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
     reading = conclusions_reading(table, "shipped")
     assert reading.startswith("1 of 3 gains over Local change sign") and "FedAvg − Local: +2.50" in reading
     assert reading.endswith("3 of them rest on a single seed on one model.")
+    assert "+5.00 (1 seed) on `shipped`" in reading and "+2.50 (2 seeds) on `shipped`" in reading
+    assert ("TTA-bn NIID: best over Local on `shipped` FedProx (by 2.50), on `weak` FedProx (by 0.90)."
+            in reading)
+    weak_tsa = grid({("local", 0): 40, ("fedavg", 0): 38, ("fedtsa", 0): 47, ("fedprox", 0): 41})
+    flipped = conclusions_reading(conclusions_by_model({"shipped": shipped, "weak": weak_tsa}, "shipped"), "shipped")
+    assert "on `weak` FedTSA (by 6.00) (a different method)" in flipped
     assert conclusions_reading(conclusions_by_model({"shipped": shipped}, "shipped"), "shipped").startswith("No ")

@@ -154,15 +154,41 @@ def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -
         key = (r["tta"], r["setting"], r["method"])
         ref_seeds = int(ref.loc[key, "seeds"])
         line = (f"TTA-{r['tta']} {r['setting'].upper()} {r['method']} − Local: {ref.loc[key, 'gain over Local']:+.2f} "
-                f"({ref_seeds} seeds) on `{reference}`, {r['gain over Local']:+.2f} ({r['seeds']} seeds) on "
+                f"({_seeds(ref_seeds)}) on `{reference}`, {r['gain over Local']:+.2f} ({_seeds(r['seeds'])}) on "
                 f"`{r['model']}`")
         parts.append(line)
         changed += [line] if not r["same sign"] else []
         few += min(r["seeds"], ref_seeds) < 2
     verdict = (f"{len(changed)} of {len(other)} gains over Local change sign (or turn into / out of a tie of "
                f"±{tie}) with the source model" + (": " + "; ".join(changed) if changed else "") + ".")
-    return (verdict + " All compared: " + "; ".join(parts) + "."
+    return (verdict + " " + _best_reading(table, reference) + " All compared: " + "; ".join(parts) + "."
             + (f" {few} of them rest on a single seed on one model." if few else ""))
+
+
+def _seeds(n: int) -> str:
+    return f"{int(n)} seed" + ("" if int(n) == 1 else "s")
+
+
+def _best_reading(table: pd.DataFrame, reference: str) -> str:
+    """Per (tta, setting): the method with the largest gain over Local on each model, and its margin over the
+    runner-up, so a change of winner is visible next to how close the race was."""
+    lines = []
+    for (tta, setting), g in table.groupby(["tta", "setting"]):
+        by_model = {}
+        for model, m in g.dropna(subset=["gain over Local"]).groupby("model"):
+            ranked = m.sort_values("gain over Local", ascending=False)
+            margin = (ranked["gain over Local"].iloc[0] - ranked["gain over Local"].iloc[1]
+                      if len(ranked) > 1 else float("nan"))
+            by_model[model] = (ranked["method"].iloc[0], margin)
+        if reference not in by_model or len(by_model) < 2:
+            continue
+        others = [f"`{model}` {best} (by {margin:.2f})" for model, (best, margin) in by_model.items()
+                  if model != reference]
+        ref_best, ref_margin = by_model[reference]
+        same = all(best == ref_best for model, (best, _) in by_model.items())
+        lines.append(f"TTA-{tta} {setting.upper()}: best over Local on `{reference}` {ref_best} (by "
+                     f"{ref_margin:.2f}), on " + ", ".join(others) + ("" if same else " (a different method)"))
+    return ("Best method per cell: " + "; ".join(lines) + ".") if lines else ""
 
 
 __all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading",
