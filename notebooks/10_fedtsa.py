@@ -234,7 +234,7 @@ display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
 for model, grid in by_model.items():
     if len(grid):
         src = grid.groupby("seed")["accuracy_source"].first()
-        print(f"{model}: no adaptation {src.mean():.2f}% on this protocol ({len(src)} seeds)")
+        print(f"{model}: no adaptation {src.mean():.2f}% on this protocol ({len(src)} seed{'s' if len(src) != 1 else ''})")
 
 # %% [markdown]
 # ## TTA-grad as the reference clients ran it: BatchNorm x optimiser
