@@ -84,3 +84,44 @@ def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
     flipped = conclusions_reading(conclusions_by_model({"shipped": shipped, "weak": weak_tsa}, "shipped"), "shipped")
     assert "on `weak` FedTSA (by 6.00) (a different method)" in flipped
     assert conclusions_reading(conclusions_by_model({"shipped": shipped}, "shipped"), "shipped").startswith("No ")
+
+
+def test_adaptation_profiles_read_no_adaptation_and_local_from_any_tta_bn_run(tmp_path):
+    import dataclasses
+
+    from ftta_core.fedtsa.source_regime import (PAPER_ADAPT_LABEL, adaptation_profiles, adaptation_reading,
+                                                adaptation_summary, paper_profile)
+    from ftta_core.fedtsa.table1 import table1_config
+    from ftta_core.runstore import store_summary
+    from ftta_core.workbook import config_key
+
+    corruptions = list(paper_profile().index)
+
+    def store(model, strategy, seed, source, local):
+        cfg = dataclasses.replace(table1_config("cifar10", "iid", "bn", model=model), strategy=strategy, seed=seed)
+        store_summary(tmp_path / f"{config_key(cfg)}.json", {
+            "accuracy": 0.0, "accuracy_local": 0.0, "config": cfg.to_dict(),
+            "accuracy_by_domain": {"source": {c: source + i for i, c in enumerate(corruptions)},
+                                   "local": {c: local + i for i, c in enumerate(corruptions)},
+                                   "mixed": {c: 0.0 for c in corruptions}}})
+
+    store(None, "local", 0, 60.0, 64.0)
+    store(None, "fedavg", 0, 60.0, 64.0)  # the same seed through another strategy: counted once
+    store(None, "local", 1, 62.0, 66.0)
+    store("resnet8_cifar10_e1_n10000", "fedtsa", 0, 30.0, 50.0)
+    profiles = adaptation_profiles(tmp_path, ["resnet8_cifar10", "resnet8_cifar10_e1_n10000", "resnet8_cifar10_e1"])
+    assert set(profiles.model) == {"resnet8_cifar10", "resnet8_cifar10_e1_n10000", PAPER_ADAPT_LABEL}
+    summary = adaptation_summary(profiles)
+    shipped = summary.loc["resnet8_cifar10"]
+    assert shipped["seeds"] == 2 and shipped["no adaptation"] == 61 + 7 and shipped["Local gain"] == 4
+    assert shipped["Local spearman"] == pytest.approx(profiles[profiles.model == PAPER_ADAPT_LABEL].pipe(
+        lambda p: p[p.quantity == "TTA-bn Local"].set_index("corruption")["accuracy"]).reindex(corruptions).corr(
+        pd.Series(range(15), index=corruptions, dtype=float), method="spearman"))
+    assert summary.loc["resnet8_cifar10_e1_n10000", "Local gain"] == 20
+    paper = summary.loc[PAPER_ADAPT_LABEL]
+    assert paper["no adaptation"] == pytest.approx(paper_profile().mean())
+    reading = adaptation_reading(summary)
+    assert f"the paper {paper['no adaptation']:.2f} -> {paper['TTA-bn Local']:.2f}" in reading
+    assert "`resnet8_cifar10` 68.00 -> 72.00 (+4.00, 2 seeds)" in reading
+    assert reading.count("gains as much from TTA-bn") == 1
+    assert adaptation_reading(adaptation_summary(adaptation_profiles(tmp_path / "none", ["resnet8_cifar10_e1"]))).startswith("No ")

@@ -104,6 +104,88 @@ def regime_reading(summary: pd.DataFrame, same_shape: float = 0.9) -> str:
     return text
 
 
+def adaptation_profiles(results_dir: Path | str, models: Sequence[str], reference: str = "resnet8_cifar10",
+                        seeds: Sequence[int] = (0, 1, 2, 3, 4)) -> pd.DataFrame:
+    """Per corruption, each model's accuracy without adaptation and with TTA-bn Local on the Table 1 protocol (read
+    from the stored TTA-bn runs: every such run carries both, before any mixing; mean over the seeds stored, one run
+    per seed), beside the paper's No-Adapt and Local rows (FedTSA Table 2). Long form: model, quantity
+    (``no adaptation`` / ``TTA-bn Local``), corruption, accuracy, seeds, stale (runs made by code changed since)."""
+    from .table1 import stored_table1_runs
+
+    rows = []
+    for model in models:
+        grid = stored_table1_runs(results_dir, list(METHOD_LABELS), seeds, ttas=("bn",),
+                                  model=None if model == reference else model, extra_keys=("accuracy_by_domain",))
+        if grid.empty or "accuracy_by_domain" not in grid:
+            continue
+        grid = grid.dropna(subset=["accuracy_by_domain"])  # one run per seed, a current one where there is
+        grid = grid.sort_values("code", key=lambda c: c.ne("current"), kind="stable").drop_duplicates("seed")
+        stale = int((grid["code"] == "stale").sum())
+        for quantity, key in (("no adaptation", "source"), ("TTA-bn Local", "local")):
+            per_seed = pd.DataFrame([d[key] for d in grid["accuracy_by_domain"]])
+            for corruption, acc in per_seed.mean().items():
+                rows.append({"model": model, "quantity": quantity, "corruption": corruption, "accuracy": acc,
+                             "seeds": len(per_seed), "stale": stale})
+    paper = paper_table(PAPER)
+    paper = paper[paper.corruption != "mean"]
+    for quantity, row in (("no adaptation", PAPER_ROW), ("TTA-bn Local", "Local")):
+        for _, r in paper[paper.method == row].iterrows():
+            rows.append({"model": PAPER_ADAPT_LABEL, "quantity": quantity, "corruption": r["corruption"],
+                         "accuracy": float(r["accuracy"]), "seeds": float("nan"), "stale": 0})
+    return pd.DataFrame(rows, columns=["model", "quantity", "corruption", "accuracy", "seeds", "stale"])
+
+
+PAPER_ADAPT_LABEL = "FedTSA (Table 2)"
+
+
+def adaptation_summary(profiles: pd.DataFrame) -> pd.DataFrame:
+    """Per model (from ``adaptation_profiles``): mean accuracy without adaptation and with TTA-bn Local over the 15
+    corruptions, Local's gain over no adaptation, no adaptation as a fraction of Local (mean over corruptions), and,
+    for each quantity, the Spearman rank correlation with the paper's profile and the mean absolute difference."""
+    wide = profiles.pivot_table(index="corruption", columns=["quantity", "model"], values="accuracy")
+    meta = profiles.groupby("model")[["seeds", "stale"]].max()
+    rows = []
+    for model in profiles["model"].unique():
+        na, local = wide[("no adaptation", model)], wide[("TTA-bn Local", model)]
+        row = {"model": model, "seeds": meta.loc[model, "seeds"], "stale runs": meta.loc[model, "stale"],
+               "no adaptation": na.mean(), "TTA-bn Local": local.mean(), "Local gain": (local - na).mean(),
+               "no adaptation / Local": (na / local).mean()}
+        for quantity, short in (("no adaptation", "no adapt."), ("TTA-bn Local", "Local")):
+            mine, paper = wide[(quantity, model)], wide[(quantity, PAPER_ADAPT_LABEL)]
+            row[f"{short} spearman"] = mine.corr(paper, method="spearman")
+            row[f"{short} mean |difference|"] = (mine - paper).abs().mean()
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("model")
+
+
+def adaptation_reading(summary: pd.DataFrame, near: float = 5.0) -> str:
+    """Computed from ``adaptation_summary``: how much TTA-bn Local adds over no adaptation for the paper and for
+    each model, and which model is nearest the paper's Local in level and in ranking; ``near``: the mean
+    per-corruption distance (points) under which a model counts as at the paper's level."""
+    if PAPER_ADAPT_LABEL not in summary.index or len(summary) < 2:
+        return "No stored TTA-bn run to set beside the paper's No-Adapt and Local rows."
+    paper, ours = summary.loc[PAPER_ADAPT_LABEL], summary.drop(PAPER_ADAPT_LABEL)
+    parts = [f"`{m}` {r['no adaptation']:.2f} -> {r['TTA-bn Local']:.2f} ({r['Local gain']:+.2f}, "
+             f"{_seeds(r['seeds'])}{', ' + str(int(r['stale runs'])) + ' stale' if r['stale runs'] else ''})"
+             for m, r in ours.iterrows()]
+    text = (f"TTA-bn Local over no adaptation, mean of 15 corruptions: the paper {paper['no adaptation']:.2f} -> "
+            f"{paper['TTA-bn Local']:.2f} ({paper['Local gain']:+.2f}; no adaptation is "
+            f"{paper['no adaptation / Local']:.2f} of Local); ours " + "; ".join(parts) + ". ")
+    larger = ours[ours["Local gain"] >= paper["Local gain"]]
+    text += (f"{len(larger)} of our {len(ours)} models gain as much from TTA-bn as the paper's model. "
+             if len(larger) else
+             f"None of our {len(ours)} models gains as much from TTA-bn as the paper's model (largest gain "
+             f"{ours['Local gain'].max():+.2f}, `{ours['Local gain'].idxmax()}`). ")
+    level, rank = ours["Local mean |difference|"].idxmin(), ours["Local spearman"].idxmax()
+    text += (f"Nearest the paper's Local in level: `{level}` ({ours.loc[level, 'Local mean |difference|']:.2f} "
+             f"points per corruption); in ranking: `{rank}` (Spearman {ours.loc[rank, 'Local spearman']:.2f}). ")
+    both = ours[(ours["Local mean |difference|"] < near) & (ours["no adapt. mean |difference|"] < near)]
+    text += (("Within " + f"{near:g} points of the paper on both rows: " + ", ".join(f"`{m}`" for m in both.index)
+              + ".") if len(both) else
+             f"No model of ours is within {near:g} points per corruption of the paper on both rows.")
+    return text
+
+
 def _sign(x: float, tie: float) -> str:
     return "tie" if pd.isna(x) or abs(x) < tie else ("+" if x > 0 else "-")
 
@@ -192,4 +274,5 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
 
 
 __all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading",
-           "conclusions_by_model", "conclusions_reading"]
+           "adaptation_profiles", "adaptation_summary", "adaptation_reading", "conclusions_by_model",
+           "conclusions_reading"]

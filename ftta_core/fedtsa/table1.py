@@ -139,9 +139,10 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
                        dataset: str = "cifar10", ttas: Sequence[str] = ("bn", "grad"),
                        settings: Sequence[str] = TABLE1_SETTINGS,
                        strategy_params: Optional[Mapping[str, Any]] = None,
-                       model: Optional[str] = None) -> pd.DataFrame:
+                       model: Optional[str] = None, extra_keys: Sequence[str] = ()) -> pd.DataFrame:
     """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
-    with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ...).
+    with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ..., and the
+    summary keys named in ``extra_keys``, e.g. ``accuracy_by_domain``).
     ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
     with ``run-plan``) instead of their defaults; ``model``: the runs on this source model (None: the shipped one).
 
@@ -162,8 +163,9 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
                 c = s.get("config", {})
                 if _matches_column(c, base, strategies, seeds, strategy_params):
                     rows.append({"tta": tta, "setting": setting, "strategy": c["strategy"], "seed": c["seed"],
-                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}, "code": run_status(s)})
-    columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS, "code"]
+                                 **{k: s[k] for k in (*SUMMARY_KEYS, *extra_keys) if k in s},
+                                 "code": run_status(s)})
+    columns = ["tta", "setting", "strategy", "seed", *SUMMARY_KEYS, *extra_keys, "code"]
     grid = pd.DataFrame(rows, columns=columns) if not rows else pd.DataFrame(rows)
     if len(grid):  # one run per (column, strategy, seed): a rerun under a newer default replaces nothing twice
         grid = grid.drop_duplicates(["tta", "setting", "strategy", "seed"], keep="last")
