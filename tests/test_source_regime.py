@@ -78,11 +78,17 @@ def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
     assert reading.startswith("1 of 3 gains over Local change sign") and "FedAvg − Local: +2.50" in reading
     assert reading.endswith("3 of them rest on a single seed on one model.")
     assert "+5.00 (1 seed) on `shipped`" in reading and "+2.50 (2 seeds) on `shipped`" in reading
-    assert ("TTA-bn NIID: best over Local on `shipped` FedProx (by 2.50), on `weak` FedProx (by 0.90)."
-            in reading)
+    # the paper's Table 1 gains in the same cells (FedAvg and FedProx -0.41: a tie; FedTSA +3.34) join the table
+    paper = table[table.model == "FedTSA (Table 1)"].set_index("method")["gain over Local"]
+    assert paper["FedTSA"] == pytest.approx(60.27 - 56.93) and paper["FedAvg"] == pytest.approx(56.52 - 56.93)
+    assert "FedAMP" not in paper  # only cells ours compare
+    assert ("Signs that agree with the paper's Table 1 gain over Local in the same cell: `shipped` 0 of 3, `weak` 0 "
+            "of 3.") in reading
+    assert ("TTA-bn NIID: best over Local on `shipped` FedProx (by 2.50), on the paper FedTSA (by 3.75; a different "
+            "method), `weak` FedProx (by 0.90).") in reading
     weak_tsa = grid({("local", 0): 40, ("fedavg", 0): 38, ("fedtsa", 0): 47, ("fedprox", 0): 41})
     flipped = conclusions_reading(conclusions_by_model({"shipped": shipped, "weak": weak_tsa}, "shipped"), "shipped")
-    assert "on `weak` FedTSA (by 6.00) (a different method)" in flipped
+    assert "`weak` FedTSA (by 6.00; a different method)" in flipped
     assert conclusions_reading(conclusions_by_model({"shipped": shipped}, "shipped"), "shipped").startswith("No ")
 
 

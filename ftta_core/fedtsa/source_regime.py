@@ -22,7 +22,7 @@ from typing import Dict, Optional, Sequence
 
 import pandas as pd
 
-from ..paper import METHOD_LABELS, paper_table
+from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
 
 PAPER = "fedtsa_table2"
 PAPER_ROW = "No-Adapt"
@@ -190,12 +190,33 @@ def _sign(x: float, tie: float) -> str:
     return "tie" if pd.isna(x) or abs(x) < tie else ("+" if x > 0 else "-")
 
 
+PAPER_T1_LABEL = "FedTSA (Table 1)"
+
+
+def paper_table1_gains(dataset: str = "cifar10") -> pd.DataFrame:
+    """The paper's gain over Local per (tta, setting, method) from its Table 1 means (rows as in
+    ``conclusions_by_model``, model ``PAPER_T1_LABEL``; seeds: the paper's 5). Our TTA cells are compared with the
+    paper's TTA mode they stand for (``paper.paper_tta``)."""
+    paper = paper_table("fedtsa_table1")
+    paper = paper[paper.dataset == dataset]
+    rows = []
+    for (tta, setting), g in paper.groupby(["tta", "setting"]):
+        means = g.set_index("method")["mean"]
+        if "Local" not in means:
+            continue
+        rows += [{"tta": tta, "setting": setting, "method": m, "model": PAPER_T1_LABEL,
+                  "gain over Local": float(v - means["Local"]), "seeds": 5}
+                 for m, v in means.items() if m not in ("Local", "No-Adapt")]
+    return pd.DataFrame(rows, columns=["tta", "setting", "method", "model", "gain over Local", "seeds"])
+
+
 def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: float = 0.5) -> pd.DataFrame:
     """Each strategy's gain over Local per (tta, setting) on every source model, from ``grids`` (model name ->
     ``table1.stored_table1_runs`` of that model): mean over the seeds both Local and the strategy have on that
     model (paired), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
     ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy, model), for the
-    (tta, setting, strategy) that have runs on ``reference`` and on another model."""
+    (tta, setting, strategy) that have runs on ``reference`` and on another model, plus the paper's gain in that cell
+    (model ``PAPER_T1_LABEL``, from ``paper_table1_gains``) where its Table 1 has the method."""
     rows = []
     for model, grid in grids.items():
         if grid.empty:
@@ -213,7 +234,15 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
     if not rows:
         return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
     table = pd.DataFrame(rows)
-    on_models = table.groupby(["tta", "setting", "method"])["model"].transform("nunique")
+    paper = paper_table1_gains()  # the paper's gains in the same cells, its TTA mode standing for our cells
+    paper = [paper[paper.tta == paper_tta(tta)].assign(tta=tta) for tta in table.tta.unique() if tta in TTA_SETTINGS]
+    if paper:
+        paper = pd.concat(paper, ignore_index=True)
+        keys = set(zip(table.tta, table.setting, table.method))
+        table = pd.concat([table, paper[[k in keys for k in zip(paper.tta, paper.setting, paper.method)]]],
+                          ignore_index=True)
+    on_models = table.groupby(["tta", "setting", "method"])["model"].transform(
+        lambda m: m[m != PAPER_T1_LABEL].nunique())
     table = table[(on_models > 1) & table.groupby(["tta", "setting", "method"])["model"].transform(
         lambda m: (m == reference).any())]  # only what can be compared with the reference
     ref = table[table.model == reference].set_index(["tta", "setting", "method"])["gain over Local"]
@@ -226,6 +255,8 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
 def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -> str:
     """Which gains over Local keep their sign when the source model changes, computed from
     ``conclusions_by_model``; names the cells with fewer than two seeds."""
+    paper = table[table.model == PAPER_T1_LABEL].set_index(["tta", "setting", "method"])["gain over Local"]
+    table = table[table.model != PAPER_T1_LABEL]
     other = table[(table.model != reference) & table["same sign"].notna()]
     if other.empty:
         return (f"No (tta, setting, method) has runs on both `{reference}` and another source model yet: "
@@ -243,8 +274,21 @@ def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -
         few += min(r["seeds"], ref_seeds) < 2
     verdict = (f"{len(changed)} of {len(other)} gains over Local change sign (or turn into / out of a tie of "
                f"±{tie}) with the source model" + (": " + "; ".join(changed) if changed else "") + ".")
-    return (verdict + " " + _best_reading(table, reference) + " All compared: " + "; ".join(parts) + "."
+    agree = []
+    for model, m in table.groupby("model", sort=False):
+        keyed = [(k, g) for k, g in zip(zip(m.tta, m.setting, m.method), m["gain over Local"]) if k in paper.index]
+        same = [k for k, g in keyed if _sign(g, tie) == _sign(paper[k], tie)]
+        if keyed:
+            agree.append(f"`{model}` {len(same)} of {len(keyed)}")
+    against = (f" Signs that agree with the paper's Table 1 gain over Local in the same cell: " + ", ".join(agree)
+               + "." if agree else "")
+    return (verdict + against + " " + _best_reading(pd.concat([table, paper.reset_index().assign(
+        model=PAPER_T1_LABEL)]), reference) + " All compared: " + "; ".join(parts) + "."
             + (f" {few} of them rest on a single seed on one model." if few else ""))
+
+
+def _model_label(model: str) -> str:
+    return "the paper" if model == PAPER_T1_LABEL else f"`{model}`"
 
 
 def _seeds(n: int) -> str:
@@ -264,12 +308,11 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
             by_model[model] = (ranked["method"].iloc[0], margin)
         if reference not in by_model or len(by_model) < 2:
             continue
-        others = [f"`{model}` {best} (by {margin:.2f})" for model, (best, margin) in by_model.items()
-                  if model != reference]
         ref_best, ref_margin = by_model[reference]
-        same = all(best == ref_best for model, (best, _) in by_model.items())
+        others = [f"{_model_label(model)} {best} (by {margin:.2f}{'; a different method' if best != ref_best else ''})"
+                  for model, (best, margin) in by_model.items() if model != reference]
         lines.append(f"TTA-{tta} {setting.upper()}: best over Local on `{reference}` {ref_best} (by "
-                     f"{ref_margin:.2f}), on " + ", ".join(others) + ("" if same else " (a different method)"))
+                     f"{ref_margin:.2f}), on " + ", ".join(others))
     return ("Best method per cell: " + "; ".join(lines) + ".") if lines else ""
 
 
