@@ -41,7 +41,8 @@ results stale), while editing or removing anything a run's modules define makes 
 still matter are caught: a new top-level name that shadows a builtin, and new statements outside definitions
 (``<module>``). Not caught: code that iterates over a whole registry or looks names up by string (``getattr``) in a
 way that changes numbers; the workbook's run code does neither. The record-keeping code itself (this module,
-``RECORD_EXEMPT``) is not recorded: it stores and checks runs and computes no number of theirs.
+``RECORD_EXEMPT``) is not recorded: it stores and checks runs and computes no number of theirs; nor are the few
+definitions in ``UNRECORDED_DEFINITIONS`` (writing and describing source checkpoints), which no run calls.
 
 Records written before definitions were recorded hold one hash per module (``{"modules": ...}``);
 ``python -m ftta_core runs --migrate`` rewrites them (``record_migration``) by finding, in the git history, the
@@ -74,6 +75,12 @@ MODULE_KEY = "<module>"  # the key of a module's top-level statements that are n
 # names never recorded: ``__all__`` only decides what ``from m import *`` binds, and the package has no star import
 # (tests/test_code_records.py checks it), so listing a new function there changes no run
 UNRECORDED_NAMES = frozenset({"__all__"})
+# single definitions never recorded: code that writes or describes a source checkpoint and its card, beside the code
+# that trains and loads it; no run calls them (tests/test_code_records.py runs an experiment with them disabled)
+UNRECORDED_DEFINITIONS: Dict[str, frozenset] = {
+    f"{PACKAGE}.training": frozenset({"save_checkpoint", "source_card", "render_cards", "source_model_line",
+                                      "PAPER_NO_ADAPT", "_train_images", "atomic_write", "atomic_write_text"}),
+}
 LEGACY_KEY = "<whole module>"  # the key of a whole-module hash (a record migrated without its source)
 
 
@@ -359,7 +366,8 @@ def code_record_of(roots: Sequence[str], functions: Sequence[str] = ()) -> Dict[
     for name in dependencies(roots):
         current = module_definitions(name)
         if current is not None and name not in RECORD_EXEMPT:
-            definitions[name] = current
+            skip = UNRECORDED_DEFINITIONS.get(name, frozenset())
+            definitions[name] = {key: digest for key, digest in current.items() if key not in skip}
     for qualified in functions:
         module, _, function = qualified.partition(":")
         if module not in definitions:
@@ -414,8 +422,8 @@ def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
             changed.append(module)
             continue
         for key, digest in recorded.items():
-            if key in UNRECORDED_NAMES:  # recorded before it was left out
-                continue
+            if key in UNRECORDED_NAMES or key in UNRECORDED_DEFINITIONS.get(module, ()):  # recorded before
+                continue  # it was left out
             now = module_hash(module) if key == LEGACY_KEY else current.get(key)
             if now != digest:
                 changed.append(module if key == LEGACY_KEY else f"{module}:{key}")

@@ -17,6 +17,7 @@ from torch import nn
 from .data.base import ImageArray
 from .models import build_model
 from .rng import torch_generator
+from .runstore import atomic_write, atomic_write_text
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "data" / "checkpoints"
 
@@ -127,11 +128,13 @@ def train_model(spec: SourceSpec, train: ImageArray, seed: int = 0, device: str 
 
 
 def save_checkpoint(model: nn.Module, spec: SourceSpec, card: dict, directory: Path = CHECKPOINT_DIR) -> Path:
-    """Write ``<name>.pt`` (state dict) and ``<name>.json`` (the model card) into ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{spec.name}.pt"
-    torch.save({"arch": spec.arch, "num_classes": model.fc.out_features, "state_dict": model.state_dict()}, path)
-    (directory / f"{spec.name}.json").write_text(json.dumps(card, indent=2) + "\n")
+    """Write ``<name>.pt`` (state dict), then ``<name>.json`` (the model card) into ``directory``, each atomically
+    (a temporary file renamed over it): a crash leaves each file whole, old or new; between the two renames, the new
+    weights beside the old card, which the card's command re-makes."""
+    path = Path(directory) / f"{spec.name}.pt"
+    blob = {"arch": spec.arch, "num_classes": model.fc.out_features, "state_dict": model.state_dict()}
+    atomic_write(path, lambda fh: torch.save(blob, fh))
+    atomic_write_text(Path(directory) / f"{spec.name}.json", json.dumps(card, indent=2) + "\n")
     return path
 
 
@@ -167,8 +170,8 @@ def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
         card = json.loads(path.read_text())
         spec = card["spec"]
         lines += [f"## {card['name']}", "",
-                  f"- architecture `{spec['arch']}`, trained on `{spec['dataset']}` (train split) for {card['epochs']} "
-                  f"epochs, batch {spec['batch_size']}, SGD+Nesterov lr {spec['lr']} one-cycle, weight decay "
+                  f"- architecture `{spec['arch']}`, trained on `{spec['dataset']}` ({_train_images(card)}) for "
+                  f"{card['epochs']} epoch{'s' if card['epochs'] != 1 else ''}, batch {spec['batch_size']}, SGD+Nesterov lr {spec['lr']} one-cycle, weight decay "
                   f"{spec['weight_decay']}, crop padding {spec['crop_padding']}, flip {spec['flip']}; seed {card['seed']}",
                   f"- command: `{card['command']}` ({card['train_wall_s']} s on {card['device']}, torch {card['torch']})",
                   f"- clean test accuracy: **{card['clean_test_accuracy']:.2f}%**"]
@@ -183,6 +186,13 @@ def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
                       "| " + " | ".join(f"{v:.1f}" for v in corrupted.values()) + " |"]
         lines.append("")
     return "\n".join(lines)
+
+
+def _train_images(card: dict) -> str:
+    """Which training images a card's model saw: the whole train split, or its first N (``--train-images``)."""
+    n = card.get("train_images")
+    return "train split" if n is None or card.get("command", "").find("--train-images") < 0 else \
+        f"first {n:,} images of the train split"
 
 
 def source_model_line(name: str, directory: Path = CHECKPOINT_DIR) -> str:

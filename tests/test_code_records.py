@@ -128,3 +128,52 @@ def test_exports_are_not_recorded_and_the_package_has_no_star_import(monkeypatch
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)]
     assert star == []
+
+
+def test_checkpoint_writing_definitions_are_not_recorded_and_no_run_calls_them(monkeypatch, tmp_path):
+    """``UNRECORDED_DEFINITIONS`` (writing and describing source checkpoints) are left out of records and out of the
+    staleness check, which is sound only while no run calls them: an experiment runs with each of them disabled."""
+    import ftta_core.training as training
+    from ftta_core.build import code_record
+    from ftta_core.experiment import ExperimentConfig, run_experiment
+
+    exempt = runstore.UNRECORDED_DEFINITIONS[f"{runstore.PACKAGE}.training"]
+    record = code_record("bn", "fedavg")["definitions"][f"{runstore.PACKAGE}.training"]
+    assert not exempt & record.keys() and "load_source_model" in record
+    edited = {"definitions": {f"{runstore.PACKAGE}.training": {**record, "save_checkpoint": "an older version"}}}
+    assert stale_modules(edited) == []
+    assert stale_modules({"definitions": {f"{runstore.PACKAGE}.training": {**record, "load_source_model": "x"}}}) \
+        == [f"{runstore.PACKAGE}.training:load_source_model"]
+
+    def disabled(*args, **kwargs):
+        raise AssertionError("a run called a definition its code record leaves out")
+
+    for name in exempt:
+        if callable(getattr(training, name)):
+            monkeypatch.setattr(training, name, disabled)
+    cfg = ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", clients=4, batch_size=4, images_per_client=8,
+                           corruptions=["gaussian_noise", "contrast", "fog", "snow"], local="tent", strategy="fedavg",
+                           device="cpu", max_steps=2)
+    results = run_experiment(cfg, out=tmp_path / "run")  # loads the shipped source model, adapts, mixes
+    assert results.summary["n_predictions"] == 2 * 4 * 4
+    assert not exempt & results.summary["code"]["definitions"][f"{runstore.PACKAGE}.training"].keys()
+
+
+def test_a_source_checkpoint_and_its_card_are_written_whole_and_the_card_names_its_images(tmp_path):
+    import torch
+
+    from ftta_core.training import SOURCE_MODELS, load_source_model, render_cards, save_checkpoint
+    from ftta_core.models import build_model
+
+    spec = SOURCE_MODELS["resnet8_cifar10_e1_n4000"]
+    model = build_model(spec.arch, num_classes=10)
+    card = {"name": spec.name, "spec": {"arch": spec.arch, "dataset": spec.dataset, "batch_size": 128, "lr": 0.1,
+                                        "weight_decay": 5e-4, "crop_padding": 4, "flip": True},
+            "seed": 0, "epochs": 1, "train_images": 4000, "train_wall_s": 1.0, "device": "cpu", "torch": "x",
+            "command": "python -m ftta_core train-source --model resnet8_cifar10 --train-images 4000",
+            "clean_test_accuracy": 37.2}
+    save_checkpoint(model, spec, card, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{spec.name}.json", f"{spec.name}.pt"]  # no temporaries
+    loaded = load_source_model(spec.name, tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    assert "trained on `cifar10` (first 4,000 images of the train split)" in render_cards(tmp_path)
