@@ -263,15 +263,15 @@ def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -
                 "nothing to compare.")
     ref = table[table.model == reference].set_index(["tta", "setting", "method"])
     parts, changed, few = [], [], 0
-    for _, r in other.iterrows():
-        key = (r["tta"], r["setting"], r["method"])
+    for key, rows in other.groupby(["tta", "setting", "method"], sort=True):
         ref_seeds = int(ref.loc[key, "seeds"])
-        line = (f"TTA-{r['tta']} {r['setting'].upper()} {r['method']} − Local: {ref.loc[key, 'gain over Local']:+.2f} "
-                f"({_seeds(ref_seeds)}) on `{reference}`, {r['gain over Local']:+.2f} ({_seeds(r['seeds'])}) on "
-                f"`{r['model']}`")
-        parts.append(line)
-        changed += [line] if not r["same sign"] else []
-        few += min(r["seeds"], ref_seeds) < 2
+        head = (f"TTA-{key[0]} {key[1].upper()} {key[2]} − Local: {ref.loc[key, 'gain over Local']:+.2f} "
+                f"({_seeds(ref_seeds)}) on `{reference}`")
+        on = {r["model"]: f"{r['gain over Local']:+.2f} ({_seeds(r['seeds'])}) on `{r['model']}`"
+              for _, r in rows.iterrows()}
+        parts.append(head + ", " + ", ".join(on.values()))
+        changed += [f"{head}, {on[r['model']]}" for _, r in rows.iterrows() if not r["same sign"]]
+        few += int((rows["seeds"].clip(upper=ref_seeds) < 2).sum())
     verdict = (f"{len(changed)} of {len(other)} gains over Local change sign (or turn into / out of a tie of "
                f"±{tie}) with the source model" + (": " + "; ".join(changed) if changed else "") + ".")
     agree = []
