@@ -131,3 +131,32 @@ def test_adaptation_profiles_read_no_adaptation_and_local_from_any_tta_bn_run(tm
     assert "`resnet8_cifar10` 68.00 -> 72.00 (+4.00, 2 seeds)" in reading
     assert reading.count("gains as much from TTA-bn") == 1
     assert adaptation_reading(adaptation_summary(adaptation_profiles(tmp_path / "none", ["resnet8_cifar10_e1"]))).startswith("No ")
+
+
+def test_a_gradient_cell_carries_local_minus_tta_bn_local_and_never_takes_a_mixed_run_for_local():
+    from ftta_core.fedtsa.source_regime import LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading
+
+    def runs(model_local_bn, local_grad, fedavg_grad, fedavg_local):
+        rows = [{"tta": "bn", "setting": "niid", "strategy": "fedavg", "seed": 0, "accuracy": 0.0,
+                 "accuracy_local": model_local_bn},
+                {"tta": "grad-running-adam", "setting": "niid", "strategy": "fedavg", "seed": 0,
+                 "accuracy": fedavg_grad, "accuracy_local": fedavg_local}]
+        if local_grad is not None:
+            rows.append({"tta": "grad-running-adam", "setting": "niid", "strategy": "local", "seed": 0,
+                         "accuracy": local_grad, "accuracy_local": local_grad})
+        return pd.DataFrame(rows)
+
+    table = conclusions_by_model({"shipped": runs(69.0, 72.0, 64.0, 71.0), "weak": runs(40.0, 35.0, 38.0, 36.0)},
+                                 "shipped")
+    row = table.set_index(["tta", "method", "model"])["gain over Local"]
+    assert row[("grad-running-adam", LOCAL_VS_BN, "shipped")] == 3.0
+    assert row[("grad-running-adam", LOCAL_VS_BN, "weak")] == -5.0
+    assert row[("grad-running-adam", "FedAvg", "weak")] == 3.0
+    assert row[("grad-running-adam", LOCAL_VS_BN, PAPER_T1_LABEL)] == pytest.approx(49.37 - 56.93)
+    reading = conclusions_reading(table, "shipped")
+    assert "TTA-grad-running-adam NIID Local (vs TTA-bn Local) − Local: +3.00" in reading
+    assert "best over Local on `shipped` FedAvg" in reading and "best over Local on `shipped` Local" not in reading
+    # without a Local run in a gradient cell, a mixed run's accuracy before mixing is not Local's: no gain
+    no_local = conclusions_by_model({"shipped": runs(69.0, None, 64.0, 71.0), "weak": runs(40.0, None, 38.0, 36.0)},
+                                    "shipped")
+    assert no_local[no_local.tta == "grad-running-adam"].empty

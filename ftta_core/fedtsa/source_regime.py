@@ -191,6 +191,7 @@ def _sign(x: float, tie: float) -> str:
 
 
 PAPER_T1_LABEL = "FedTSA (Table 1)"
+LOCAL_VS_BN = "Local (vs TTA-bn Local)"  # a gradient cell's Local minus TTA-bn's Local, in the gain column
 
 
 def paper_table1_gains(dataset: str = "cifar10") -> pd.DataFrame:
@@ -207,6 +208,10 @@ def paper_table1_gains(dataset: str = "cifar10") -> pd.DataFrame:
         rows += [{"tta": tta, "setting": setting, "method": m, "model": PAPER_T1_LABEL,
                   "gain over Local": float(v - means["Local"]), "seeds": 5}
                  for m, v in means.items() if m not in ("Local", "No-Adapt")]
+        bn = paper[(paper.tta == "bn") & (paper.setting == setting) & (paper.method == "Local")]["mean"]
+        if tta != "bn" and len(bn):
+            rows.append({"tta": tta, "setting": setting, "method": LOCAL_VS_BN, "model": PAPER_T1_LABEL,
+                         "gain over Local": float(means["Local"] - bn.iloc[0]), "seeds": 5})
     return pd.DataFrame(rows, columns=["tta", "setting", "method", "model", "gain over Local", "seeds"])
 
 
@@ -216,24 +221,34 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
     model (paired), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
     ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy, model), for the
     (tta, setting, strategy) that have runs on ``reference`` and on another model, plus the paper's gain in that cell
-    (model ``PAPER_T1_LABEL``, from ``paper_table1_gains``) where its Table 1 has the method."""
+    (model ``PAPER_T1_LABEL``, from ``paper_table1_gains``) where its Table 1 has the method. In a gradient cell a
+    row ``LOCAL_VS_BN`` holds Local minus TTA-bn's Local (paired by seed; the paper's: its TTA-grad Local minus its
+    TTA-bn Local)."""
     rows = []
     for model, grid in grids.items():
         if grid.empty:
             continue
         for (tta, setting), g in grid.groupby(["tta", "setting"]):
             by = g.pivot_table(index="seed", columns="strategy", values="accuracy")
-            local = g[g.strategy == "local"].set_index("seed")["accuracy_local"] if "local" not in by else by["local"]
-            for strategy in by.columns:
-                if strategy == "local":
-                    continue
-                gain = (by[strategy] - local).dropna()
-                rows.append({"tta": tta, "setting": setting, "method": METHOD_LABELS.get(strategy, strategy),
-                             "model": model, "gain over Local": gain.mean() if len(gain) else float("nan"),
-                             "seeds": len(gain)})
+            if "local" in by:
+                local = by["local"]
+            else:  # under TTA-bn every run's accuracy before mixing is Local's; under a gradient cell it is not
+                local = (g.groupby("seed")["accuracy_local"].first() if tta == "bn"
+                         else pd.Series(dtype=float, index=pd.Index([], name="seed")))
+            gains = {METHOD_LABELS.get(s, s): by[s] - local for s in by.columns if s != "local"}
+            bn = grid[(grid.tta == "bn") & (grid.setting == setting)].groupby("seed")["accuracy_local"].first()
+            if tta != "bn" and len(bn):  # TTA-bn's Local is any TTA-bn run's accuracy before mixing
+                gains[LOCAL_VS_BN] = local - bn
+            for method, gain in gains.items():
+                gain = gain.dropna()
+                rows.append({"tta": tta, "setting": setting, "method": method, "model": model,
+                             "gain over Local": gain.mean() if len(gain) else float("nan"), "seeds": len(gain)})
     if not rows:
         return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
     table = pd.DataFrame(rows)
+    table = table[table.seeds > 0]  # a method with no seed paired with Local says nothing
+    if table.empty:
+        return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
     paper = paper_table1_gains()  # the paper's gains in the same cells, its TTA mode standing for our cells
     paper = [paper[paper.tta == paper_tta(tta)].assign(tta=tta) for tta in table.tta.unique() if tta in TTA_SETTINGS]
     if paper:
@@ -299,7 +314,7 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
     """Per (tta, setting): the method with the largest gain over Local on each model, and its margin over the
     runner-up, so a change of winner is visible next to how close the race was."""
     lines = []
-    for (tta, setting), g in table.groupby(["tta", "setting"]):
+    for (tta, setting), g in table[table.method != LOCAL_VS_BN].groupby(["tta", "setting"]):
         by_model = {}
         for model, m in g.dropna(subset=["gain over Local"]).groupby("model"):
             ranked = m.sort_values("gain over Local", ascending=False)
