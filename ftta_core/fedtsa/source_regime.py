@@ -318,9 +318,9 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
         by_model = {}
         for model, m in g.dropna(subset=["gain over Local"]).groupby("model"):
             ranked = m.sort_values("gain over Local", ascending=False)
-            margin = (ranked["gain over Local"].iloc[0] - ranked["gain over Local"].iloc[1]
-                      if len(ranked) > 1 else float("nan"))
-            by_model[model] = (ranked["method"].iloc[0], margin)
+            if len(ranked) > 1:  # a race needs two methods
+                by_model[model] = (ranked["method"].iloc[0],
+                                   ranked["gain over Local"].iloc[0] - ranked["gain over Local"].iloc[1])
         if reference not in by_model or len(by_model) < 2:
             continue
         ref_best, ref_margin = by_model[reference]
