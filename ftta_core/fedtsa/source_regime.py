@@ -280,7 +280,8 @@ def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -
     parts, changed, few = [], [], 0
     for key, rows in other.groupby(["tta", "setting", "method"], sort=True):
         ref_seeds = int(ref.loc[key, "seeds"])
-        head = (f"TTA-{key[0]} {key[1].upper()} {key[2]} − Local: {ref.loc[key, 'gain over Local']:+.2f} "
+        quantity = "Local − TTA-bn Local" if key[2] == LOCAL_VS_BN else f"{key[2]} − Local"
+        head = (f"TTA-{key[0]} {key[1].upper()} {quantity}: {ref.loc[key, 'gain over Local']:+.2f} "
                 f"({_seeds(ref_seeds)}) on `{reference}`")
         on = {r["model"]: f"{r['gain over Local']:+.2f} ({_seeds(r['seeds'])}) on `{r['model']}`"
               for _, r in rows.iterrows()}
