@@ -79,7 +79,7 @@ UNRECORDED_NAMES = frozenset({"__all__"})
 # that trains and loads it; no run calls them (tests/test_code_records.py runs an experiment with them disabled)
 UNRECORDED_DEFINITIONS: Dict[str, frozenset] = {
     f"{PACKAGE}.training": frozenset({"save_checkpoint", "source_card", "render_cards", "source_model_line",
-                                      "PAPER_NO_ADAPT", "_train_images", "atomic_write", "atomic_write_text"}),
+                                      "PAPER_NO_ADAPT", "_train_images", "atomic_write"}),
 }
 LEGACY_KEY = "<whole module>"  # the key of a whole-module hash (a record migrated without its source)
 

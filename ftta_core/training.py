@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data.base import ImageArray
+from .data.cache import atomic_write
 from .models import build_model
 from .rng import torch_generator
-from .runstore import atomic_write, atomic_write_text
 
 CHECKPOINT_DIR = Path(__file__).resolve().parent.parent / "data" / "checkpoints"
 
@@ -129,12 +129,14 @@ def train_model(spec: SourceSpec, train: ImageArray, seed: int = 0, device: str 
 
 def save_checkpoint(model: nn.Module, spec: SourceSpec, card: dict, directory: Path = CHECKPOINT_DIR) -> Path:
     """Write ``<name>.pt`` (state dict), then ``<name>.json`` (the model card) into ``directory``, each atomically
-    (a temporary file renamed over it): a crash leaves each file whole, old or new; between the two renames, the new
-    weights beside the old card, which the card's command re-makes."""
-    path = Path(directory) / f"{spec.name}.pt"
+    (``data.cache.atomic_write``: a temporary file renamed over it): a crash leaves each file whole, old or new;
+    between the two renames, the new weights beside the old card, which the card's command re-makes."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{spec.name}.pt"
     blob = {"arch": spec.arch, "num_classes": model.fc.out_features, "state_dict": model.state_dict()}
     atomic_write(path, lambda fh: torch.save(blob, fh))
-    atomic_write_text(Path(directory) / f"{spec.name}.json", json.dumps(card, indent=2) + "\n")
+    atomic_write(directory / f"{spec.name}.json", lambda fh: fh.write((json.dumps(card, indent=2) + "\n").encode()))
     return path
 
 
