@@ -173,7 +173,8 @@ def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
         spec = card["spec"]
         lines += [f"## {card['name']}", "",
                   f"- architecture `{spec['arch']}`, trained on `{spec['dataset']}` ({_train_images(card)}) for "
-                  f"{card['epochs']} epoch{'s' if card['epochs'] != 1 else ''}, batch {spec['batch_size']}, SGD+Nesterov lr {spec['lr']} one-cycle, weight decay "
+                  f"{card['epochs']} epoch{'s' if card['epochs'] != 1 else ''}, batch {spec['batch_size']}, "
+                  f"SGD+Nesterov lr {spec['lr']} one-cycle, weight decay "
                   f"{spec['weight_decay']}, crop padding {spec['crop_padding']}, flip {spec['flip']}; seed {card['seed']}",
                   f"- command: `{card['command']}` ({card['train_wall_s']} s on {card['device']}, torch {card['torch']})",
                   f"- clean test accuracy: **{card['clean_test_accuracy']:.2f}%**"]

@@ -236,10 +236,11 @@ display(Markdown(adaptation_reading(adaptation)))
 # gain over Local, paired by seed within each model, and whether the sign (a gain within ±0.5 is a tie) is the same;
 # the paper's gain in the same cell (its Table 1 means) stands beside them, and the reading counts, per model, the
 # signs that agree with the paper's. TTA-grad here is the reference clients' cell (running BN statistics, Adam 1e-5);
-# its row "Local (vs TTA-bn Local)" is Local(grad) − Local(bn), paired by seed (the paper's: 49.37 − 56.93).
+# its row "Local (vs TTA-bn Local)" is Local(grad) − Local(bn), paired by seed (the paper's row: its TTA-grad Local
+# minus its TTA-bn Local).
 
 # %%
-from ftta_core.fedtsa.source_regime import conclusions_by_model, conclusions_reading
+from ftta_core.fedtsa.source_regime import conclusions_by_model, conclusions_reading, seeds_text
 
 model_ttas = ("bn", "grad-running-adam")
 by_model = {"resnet8_cifar10": stored_table1_runs(results_dir, methods, all_seeds, ttas=model_ttas)}
@@ -253,7 +254,7 @@ display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
 for model, grid in by_model.items():
     if len(grid):
         src = grid.groupby("seed")["accuracy_source"].first()
-        print(f"{model}: no adaptation {src.mean():.2f}% on this protocol ({len(src)} seed{'s' if len(src) != 1 else ''})")
+        print(f"{model}: no adaptation {src.mean():.2f}% on this protocol ({seeds_text(len(src))})")
 
 # %% [markdown]
 # ## TTA-grad as the reference clients ran it: BatchNorm x optimiser

@@ -166,7 +166,7 @@ def adaptation_reading(summary: pd.DataFrame, near: float = 5.0) -> str:
         return "No stored TTA-bn run to set beside the paper's No-Adapt and Local rows."
     paper, ours = summary.loc[PAPER_ADAPT_LABEL], summary.drop(PAPER_ADAPT_LABEL)
     parts = [f"`{m}` {r['no adaptation']:.2f} -> {r['TTA-bn Local']:.2f} ({r['Local gain']:+.2f}, "
-             f"{_seeds(r['seeds'])}{', ' + str(int(r['stale runs'])) + ' stale' if r['stale runs'] else ''})"
+             f"{seeds_text(r['seeds'])}{', ' + str(int(r['stale runs'])) + ' stale' if r['stale runs'] else ''})"
              for m, r in ours.iterrows()]
     text = (f"TTA-bn Local over no adaptation, mean of 15 corruptions: the paper {paper['no adaptation']:.2f} -> "
             f"{paper['TTA-bn Local']:.2f} ({paper['Local gain']:+.2f}; no adaptation is "
@@ -191,6 +191,7 @@ def _sign(x: float, tie: float) -> str:
 
 
 PAPER_T1_LABEL = "FedTSA (Table 1)"
+CONCLUSION_COLUMNS = ["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"]
 LOCAL_VS_BN = "Local (vs TTA-bn Local)"  # a gradient cell's Local minus TTA-bn's Local, in the gain column
 
 
@@ -244,11 +245,11 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
                 rows.append({"tta": tta, "setting": setting, "method": method, "model": model,
                              "gain over Local": gain.mean() if len(gain) else float("nan"), "seeds": len(gain)})
     if not rows:
-        return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
+        return pd.DataFrame(columns=CONCLUSION_COLUMNS)
     table = pd.DataFrame(rows)
     table = table[table.seeds > 0]  # a method with no seed paired with Local says nothing
     if table.empty:
-        return pd.DataFrame(columns=["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"])
+        return pd.DataFrame(columns=CONCLUSION_COLUMNS)
     paper = paper_table1_gains()  # the paper's gains in the same cells, its TTA mode standing for our cells
     paper = [paper[paper.tta == paper_tta(tta)].assign(tta=tta) for tta in table.tta.unique() if tta in TTA_SETTINGS]
     if paper:
@@ -282,8 +283,8 @@ def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -
         ref_seeds = int(ref.loc[key, "seeds"])
         quantity = "Local − TTA-bn Local" if key[2] == LOCAL_VS_BN else f"{key[2]} − Local"
         head = (f"TTA-{key[0]} {key[1].upper()} {quantity}: {ref.loc[key, 'gain over Local']:+.2f} "
-                f"({_seeds(ref_seeds)}) on `{reference}`")
-        on = {r["model"]: f"{r['gain over Local']:+.2f} ({_seeds(r['seeds'])}) on `{r['model']}`"
+                f"({seeds_text(ref_seeds)}) on `{reference}`")
+        on = {r["model"]: f"{r['gain over Local']:+.2f} ({seeds_text(r['seeds'])}) on `{r['model']}`"
               for _, r in rows.iterrows()}
         parts.append(head + ", " + ", ".join(on.values()))
         changed += [f"{head}, {on[r['model']]}" for _, r in rows.iterrows() if not r["same sign"]]
@@ -307,7 +308,8 @@ def _model_label(model: str) -> str:
     return "the paper" if model == PAPER_T1_LABEL else f"`{model}`"
 
 
-def _seeds(n: int) -> str:
+def seeds_text(n: int) -> str:
+    """``n`` seeds in words: "1 seed", "3 seeds"."""
     return f"{int(n)} seed" + ("" if int(n) == 1 else "s")
 
 
@@ -334,4 +336,4 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
 
 __all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading",
            "adaptation_profiles", "adaptation_summary", "adaptation_reading", "conclusions_by_model",
-           "conclusions_reading"]
+           "conclusions_reading", "seeds_text"]
