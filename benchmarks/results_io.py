@@ -2,8 +2,12 @@
 markdown table beside it."""
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -26,3 +30,13 @@ def write_results(result: Mapping[str, Any], name: str, device: str, markdown: s
     out.with_suffix(".md").write_text(markdown)
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return out
+
+
+def run_metadata(device: str) -> dict:
+    """What to store with a measurement: command, date, commit, device name, load average at the time of the call."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    return {"command": "python " + " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+            "date": datetime.date.today().isoformat(), "commit": commit, "device": device,
+            "device_name": device_name(device), "torch": torch.__version__,
+            "load_average": [round(v, 2) for v in os.getloadavg()]}
