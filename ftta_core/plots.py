@@ -185,6 +185,55 @@ def server_cost_figure(result: dict, axes: Optional[Sequence[plt.Axes]] = None) 
     return axes
 
 
+def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method", hue: str = "model",
+                   y: str = "gain over Local", err: str = "sd", seeds: str = "seeds", marker_hue: Optional[str] = None,
+                   tie: Optional[float] = None, x_labels: Optional[Mapping[str, str]] = None,
+                   axes: Optional[Sequence[plt.Axes]] = None) -> Sequence[plt.Axes]:
+    """Differences (e.g. each method's gain over Local) as points with +-``err`` bars: one panel per value of the
+    ``panel`` columns, ``x`` on the x axis, one dodged series per ``hue`` (its key entry gives its seed range),
+    a shared y scale; a point without ``err`` (one seed) is an open marker with no bar. ``marker_hue``'s series
+    (e.g. a paper's means) is drawn as black crosses without error bars; ``tie`` shades +-tie around 0;
+    ``x_labels`` renames x ticks. One key, right of the last panel, for every series of any panel."""
+    keys = list(table.groupby(list(panel), sort=True).groups)
+    if axes is None:
+        _, axes = style.panels(len(keys), sharey=True)
+    series = [h for h in pd.unique(table[hue]) if h != marker_hue]
+    colours = dict(zip(series, sns.color_palette(n_colors=max(1, len(series)))))
+    hues = series + ([marker_hue] if marker_hue in set(table[hue]) else [])
+    width = 0.8 / max(1, len(hues))
+    key_entries = {}
+    for ax, key in zip(axes, keys):
+        key = key if isinstance(key, tuple) else (key,)
+        g = table[(table[list(panel)] == pd.Series(key, index=list(panel))).all(axis=1)]
+        order = list(pd.unique(g[x]))
+        for i, h in enumerate(hues):
+            rows = g[g[hue] == h].set_index(x).reindex(order)
+            pos = np.arange(len(order)) - 0.4 + width * (i + 0.5)
+            if h == marker_hue:
+                ax.scatter(pos, rows[y], marker="x", color="k", s=40, zorder=3)
+                continue
+            spread = rows[err] if err in rows else pd.Series(np.nan, index=rows.index)
+            single = spread.isna().to_numpy()
+            ax.errorbar(pos[~single], rows[y][~single], yerr=spread[~single], fmt="o", capsize=3, color=colours[h])
+            ax.plot(pos[single], rows[y][single], "o", mfc="white", color=colours[h])
+        if tie:
+            ax.axhspan(-tie, tie, color="0.9", zorder=0)
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(order)), [(x_labels or {}).get(m, m) for m in order], rotation=30, ha="right")
+        ax.set_title(" ".join(str(k) for k in key))
+        ax.set_ylabel(f"{y} (points)")
+        ax.grid(False, axis="x")
+    for h in hues:
+        n = table.loc[table[hue] == h, seeds]
+        label = str(h) if h == marker_hue else f"{h} ({int(n.min())}" + (
+            f"-{int(n.max())}" if n.max() != n.min() else "") + f" seed{'s' if n.max() > 1 else ''})"
+        key_entries[label] = (plt.Line2D([], [], marker="x", color="k", ls="none") if h == marker_hue
+                              else plt.Line2D([], [], marker="o", color=colours[h], ls="none"))
+    axes[-1].legend(key_entries.values(), key_entries.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                    title=hue, frameon=False, borderaxespad=0.0)
+    return axes
+
+
 def domain_groups(table: pd.DataFrame | np.ndarray) -> list:
     """Client i's group (0, 1, ...: clients with the same domain at every step/slot, numbered by first appearance),
     from a steps or slots table (columns client, domain and step or slot) or a clients x slots domain map."""

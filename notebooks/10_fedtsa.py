@@ -240,7 +240,8 @@ display(Markdown(adaptation_reading(adaptation)))
 # minus its TTA-bn Local).
 
 # %%
-from ftta_core.fedtsa.source_regime import conclusions_by_model, conclusions_reading, seeds_text
+from ftta_core.fedtsa.source_regime import (LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading,
+                                             seeds_text)
 
 model_ttas = ("bn", "grad-running-adam")
 by_model = {"resnet8_cifar10": stored_table1_runs(results_dir, methods, all_seeds, ttas=model_ttas)}
@@ -251,6 +252,15 @@ model_conclusions = conclusions_by_model(by_model, "resnet8_cifar10")
 if len(model_conclusions):
     display(tables.show(model_conclusions.set_index(["tta", "setting", "method", "model"]), best=None))
 display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
+if len(model_conclusions):
+    shown_gains = model_conclusions.assign(
+        tta=model_conclusions.tta.map({"bn": "TTA-bn", "grad-running-adam": "TTA-grad (running BN, Adam)"}),
+        setting=model_conclusions.setting.str.upper())
+    axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5,
+                                x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})
+    axes[0].figure.suptitle("Gain over Local per source model (mean ± sd over seeds, paired by seed; "
+                            "grey: a tie of ±0.5)")
+    axes[0].figure.savefig(Path(figure_dir) / "source_model_conclusions.png", bbox_inches="tight")
 for model, grid in by_model.items():
     if len(grid):
         src = grid.groupby("seed")["accuracy_source"].first()

@@ -73,6 +73,8 @@ def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
     assert row.loc[("FedAvg", "shipped"), "gain over Local"] == 2.5 and row.loc[("FedAvg", "shipped"), "seeds"] == 2
     assert ("FedAMP", "shipped") not in row.index  # on one model only: nothing to compare
     assert row.loc[("FedProx", "shipped"), "gain over Local"] == 5 and row.loc[("FedProx", "shipped"), "seeds"] == 1
+    assert row.loc[("FedAvg", "shipped"), "sd"] == pytest.approx(0.5 ** 0.5)  # paired gains 2 and 3
+    assert np.isnan(row.loc[("FedProx", "shipped"), "sd"]) and np.isnan(row.loc[("FedAvg", "FedTSA (Table 1)"), "sd"])
     assert not row.loc[("FedAvg", "weak"), "same sign"] and row.loc[("FedTSA", "weak"), "same sign"]  # a tie both
     reading = conclusions_reading(table, "shipped")
     assert reading.startswith("1 of 3 gains over Local change sign") and "FedAvg − Local: +2.50" in reading

@@ -94,6 +94,32 @@ def test_method_comparison_bars_from_zero_with_seed_counts():
     assert style.legend_is_outside(ax)
 
 
+def test_gains_by_panel_one_shared_panel_per_cell_paper_as_crosses_single_seeds_open():
+    table = pd.DataFrame([
+        {"tta": "bn", "setting": "niid", "method": "FedAvg", "model": "a", "gain over Local": -2.0, "sd": 0.3, "seeds": 3},
+        {"tta": "bn", "setting": "niid", "method": "FedAvg", "model": "b", "gain over Local": -1.0, "sd": np.nan,
+         "seeds": 1},
+        {"tta": "bn", "setting": "niid", "method": "FedAvg", "model": "paper", "gain over Local": 0.4, "sd": np.nan,
+         "seeds": 5},
+        {"tta": "bn", "setting": "iid", "method": "FedAvg", "model": "a", "gain over Local": 5.0, "sd": 0.2, "seeds": 3},
+    ])
+    axes = plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", tie=0.5)
+    assert [ax.get_title() for ax in axes] == ["bn iid", "bn niid"]
+    assert axes[0].get_ylim() == axes[1].get_ylim()  # one scale for every panel
+    niid = axes[1]
+    crosses = [c for c in niid.collections if c.get_offsets().shape[0] and c.get_offsets().shape[0] == 1
+               and c.get_offsets()[0, 1] == 0.4]
+    assert len(crosses) == 1 and crosses[0].get_offsets()[0, 1] == pytest.approx(0.4)
+    bars = [c for c in niid.containers if getattr(c, "has_yerr", False) and len(c.lines[0].get_ydata())]
+    assert [list(c.lines[0].get_ydata()) for c in bars] == [[-2.0]]  # only the 3-seed point has a bar
+    open_points = [ln for ln in niid.lines if ln.get_markerfacecolor() == "white" and len(ln.get_ydata())]
+    assert [list(ln.get_ydata()) for ln in open_points] == [[-1.0]]
+    axes[0].figure.canvas.draw()
+    assert style.legend_is_outside(axes[-1])
+    labels = [t.get_text() for t in axes[-1].get_legend().get_texts()]
+    assert labels == ["a (3 seeds)", "b (1 seed)", "paper"]
+
+
 def test_honest_ylim_widens_a_tiny_range():
     fig, ax = plt.subplots()
     ax.plot([0, 1], [72.6, 73.0])

@@ -191,7 +191,7 @@ def _sign(x: float, tie: float) -> str:
 
 
 PAPER_T1_LABEL = "FedTSA (Table 1)"
-CONCLUSION_COLUMNS = ["tta", "setting", "method", "model", "gain over Local", "seeds", "same sign"]
+CONCLUSION_COLUMNS = ["tta", "setting", "method", "model", "gain over Local", "sd", "seeds", "same sign"]
 LOCAL_VS_BN = "Local (vs TTA-bn Local)"  # a gradient cell's Local minus TTA-bn's Local, in the gain column
 
 
@@ -219,7 +219,7 @@ def paper_table1_gains(dataset: str = "cifar10") -> pd.DataFrame:
 def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: float = 0.5) -> pd.DataFrame:
     """Each strategy's gain over Local per (tta, setting) on every source model, from ``grids`` (model name ->
     ``table1.stored_table1_runs`` of that model): mean over the seeds both Local and the strategy have on that
-    model (paired), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
+    model (paired), its sd over those seeds (NaN with one seed, and for the paper's rows), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
     ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy, model), for the
     (tta, setting, strategy) that have runs on ``reference`` and on another model, plus the paper's gain in that cell
     (model ``PAPER_T1_LABEL``, from ``paper_table1_gains``) where its Table 1 has the method. In a gradient cell a
@@ -243,7 +243,8 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
             for method, gain in gains.items():
                 gain = gain.dropna()
                 rows.append({"tta": tta, "setting": setting, "method": method, "model": model,
-                             "gain over Local": gain.mean() if len(gain) else float("nan"), "seeds": len(gain)})
+                             "gain over Local": gain.mean() if len(gain) else float("nan"),
+                             "sd": gain.std() if len(gain) > 1 else float("nan"), "seeds": len(gain)})
     if not rows:
         return pd.DataFrame(columns=CONCLUSION_COLUMNS)
     table = pd.DataFrame(rows)
@@ -265,7 +266,7 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
     table["same sign"] = [
         None if key not in ref.index or pd.isna(r) else _sign(r, tie) == _sign(ref[key], tie)
         for key, r in zip(zip(table.tta, table.setting, table.method), table["gain over Local"])]
-    return table.sort_values(["tta", "setting", "method", "model"]).reset_index(drop=True)
+    return table.sort_values(["tta", "setting", "method", "model"]).reset_index(drop=True)[CONCLUSION_COLUMNS]
 
 
 def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -> str:
