@@ -156,6 +156,25 @@ def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> L
     return rows
 
 
+def claim_grids() -> List[Tuple[str, str, Dict[str, Dict[str, Any]]]]:
+    """What ``fedctta_claims`` and ``fedavgm_claims`` read: (tta, setting, run_grid variants) with each variant as
+    ``{"strategy": ..., "strategy_params": ...}``, for ``workbook.run_grid`` on ``table1_config`` (e.g. under
+    ``FTTA_PLAN`` to plan the seeds a claim lacks). ``tta_grad_claims`` reads the 2x2 plan's runs
+    (``figures/fedtsa_table1/tta_grad_2x2.plan.jsonl``)."""
+    def variants(*vs: Variant) -> Dict[str, Dict[str, Any]]:
+        return {f"{s} {params}" if params else s: {"strategy": s, "strategy_params": dict(params)} for s, params in vs}
+
+    fedctta = list(FEDCTTA_VARIANTS.values())
+    grids = [("bn", "niid", variants(*fedctta, *[(s, {}) for s in ("local", "fedavg", "fedavgm", "fedtsa")],
+                                     *FEDAVGM_VARIANTS.values())),
+             ("bn", "iid", variants(*fedctta, ("fedavg", {}), *FEDAVGM_VARIANTS.values()))]
+    cells = sorted({cell for cs in FEDCTTA_GRAD_CELLS.values() for cell in cs})
+    for cell in cells:
+        grids.append((cell, "niid", variants(("local", {}), *[v for label, v in FEDCTTA_VARIANTS.items()
+                                                             if cell in FEDCTTA_GRAD_CELLS[label]])))
+    return grids
+
+
 def claims_table(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
                  extra: Optional[Sequence[Mapping[str, Any]]] = None) -> pd.DataFrame:
     """All client-fidelity claims with the paper's difference, ours (mean, sd, seeds), the verdict and the runs.

@@ -46,6 +46,7 @@ sweep_seeds = [0]
 sh_values = [0.05, 0.2, 0.5, 0.75]
 th_values = [0.01, 0.02, 0.05, 0.1]
 compute_sweeps = False  # True: run Fig 2's missing CIFAR-10-C runs here (or plan them: FTTA_PLAN, README)
+compute_claims = False  # True: run the claims' missing Table 1 runs (cifar_seeds) here (or plan them: FTTA_PLAN)
 
 # %%
 import json
@@ -179,10 +180,18 @@ display(tables.show(missing, best=None))
 # parameters only, which under TTA-bn is FedAvg by construction. Runs planned in
 # `figures/fedctta/fidelity.plan.jsonl` (`python -m ftta_core run-plan FILE --workers 2 --threads 1`); each row is one
 # claim, ours paired by seed beside the paper's difference, with the verdict (tie band 0.5 points,
-# `ftta_core.fidelity`); rows without stored runs say so.
+# `ftta_core.fidelity`); rows without stored runs say so. The runs the claims read are `fidelity.claim_grids()`:
+# `-p compute_claims=True` runs the missing ones for `cifar_seeds`, and with `FTTA_PLAN=FILE` only plans them (the
+# plan file above was extended this way with seeds 0-2, then 3-4).
 
 # %%
 from ftta_core import fidelity
+from ftta_core.workbook import run_grid
+
+if compute_claims and not smoke:
+    for claim_seeds in ([s for s in cifar_seeds if s < 3], [s for s in cifar_seeds if s >= 3]):
+        for tta, setting, variants in fidelity.claim_grids():
+            run_grid(table1_config("cifar10", setting, tta), variants, claim_seeds, results_dir=results_dir)
 
 claims = pd.DataFrame(fidelity.fedctta_claims(results_dir) + fidelity.fedavgm_claims(results_dir))
 display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds", "verdict",

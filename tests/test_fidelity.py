@@ -100,3 +100,14 @@ def test_setting_contrasts_pair_niid_with_iid_per_cell(tmp_path):
     assert pd.isna(c.loc[("grad (BN batch, sgd)", "Local"), "change"])  # no runs in that cell
     assert contrasts_reading(setting_contrasts(tmp_path, strategies=("fedavg",))).startswith(
         "clients' corruptions NIID -> IID (grad-running-adam (BN running, adam) kept) moves FedAvg - Local by +7.50")
+
+
+def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path):
+    from ftta_core.fidelity import claim_grids, fedctta_claims
+
+    for tta, setting, variants in claim_grids():
+        for i, variant in enumerate(variants.values()):
+            for seed in (0, 1):
+                _store(tmp_path, tta, setting, variant["strategy"], seed, 60.0 + i + seed, variant["strategy_params"])
+    rows = fedctta_claims(tmp_path) + fedavgm_claims(tmp_path)
+    assert [r["settled by"] for r in rows if r["verdict"] == "no run" or r["seeds"] != 2] == []
