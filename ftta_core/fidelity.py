@@ -197,7 +197,7 @@ def claims_reading(table: pd.DataFrame) -> str:
 
 
 __all__ = ["accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
-           "claims_reading", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
+           "claims_reading", "claim_grids", "statistics_contrasts", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
 
 
 # the 2x2's cells as (BN, optimiser): a contrast changes one factor and keeps the other
@@ -251,6 +251,24 @@ def setting_contrasts(results_dir: Path | str = RESULTS_DIR,
              (accuracies(results_dir, cell, "niid", (s, {})) - local["niid"]).dropna()) for s in strategies]
         rows += _contrast_rows(quantities, factor="clients' corruptions", source="NIID", target="IID",
                                kept=f"{cell} (BN {factors[0]}, {factors[1]})", setting="niid -> iid")
+    return pd.DataFrame(rows)
+
+
+def statistics_contrasts(results_dir: Path | str = RESULTS_DIR, settings: Sequence[str] = ("niid", "iid")) -> pd.DataFrame:
+    """Within each running-statistics cell of the 2x2: how ``FedAvg - Local`` changes when the server stops averaging
+    the clients' BN running statistics and averages their parameters only (``fedavg_localstats``, each client
+    keeping its statistics), paired by seed; rows shaped like ``cell_contrasts``."""
+    rows = []
+    for cell, factors in CELL_FACTORS.items():
+        if factors[0] != "running":
+            continue
+        for setting in settings:
+            local = accuracies(results_dir, cell, setting, ("local", {}))
+            after = (accuracies(results_dir, cell, setting, ("fedavg_localstats", {})) - local).dropna()
+            before = (accuracies(results_dir, cell, setting, ("fedavg", {})) - local).dropna()
+            rows += _contrast_rows([("FedAvg - Local", after, before)], factor="statistics mixed by the server",
+                                   source="averaged (fedavg)", target="kept by each client (fedavg_localstats)",
+                                   kept=f"{cell} (BN {factors[0]}, {factors[1]})", setting=setting)
     return pd.DataFrame(rows)
 
 

@@ -307,8 +307,9 @@ if len(ran):
 # FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code), ours paired by seed, and the
 # verdict with a tie band of 0.5 points (`ftta_core.fidelity`). The second table changes one factor at a time between
 # two cells that both have runs (BN statistics, optimiser; and, within a cell, NIID -> IID: whether the clients whose
-# states are mixed see the same corruption), so a claim that moves is traced to the factor that moved it, in stored
-# runs.
+# states are mixed see the same corruption; and, within a running-statistics cell, whether the server averages the
+# clients' running statistics or only their parameters: `--strategy fedavg_localstats`, each client keeping its
+# statistics), so a claim that moves is traced to the factor that moved it, in stored runs.
 
 # %%
 from ftta_core import fidelity
@@ -317,8 +318,8 @@ claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir))
 claims = claims[claims.seeds > 0]
 claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs"]
 display(tables.show(claims.set_index(["claim", "settled by"])[claim_columns], best=None))
-contrasts = pd.concat([fidelity.cell_contrasts(results_dir), fidelity.setting_contrasts(results_dir)],
-                      ignore_index=True)
+contrasts = pd.concat([fidelity.cell_contrasts(results_dir), fidelity.setting_contrasts(results_dir),
+                       fidelity.statistics_contrasts(results_dir)], ignore_index=True)
 contrasts = contrasts[contrasts.seeds > 0]
 display(tables.show(contrasts.set_index(["factor", "from", "to", "kept", "quantity"])[["change", "change sd", "seeds"]],
                     best=None))

@@ -111,3 +111,18 @@ def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path
                 _store(tmp_path, tta, setting, variant["strategy"], seed, 60.0 + i + seed, variant["strategy_params"])
     rows = fedctta_claims(tmp_path) + fedavgm_claims(tmp_path)
     assert [r["settled by"] for r in rows if r["verdict"] == "no run" or r["seeds"] != 2] == []
+
+
+def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
+    from ftta_core.fidelity import statistics_contrasts
+
+    for seed, (local, fedavg, kept) in enumerate([(60.0, 52.0, 61.0), (62.0, 55.0, 62.5)]):
+        _store(tmp_path, "grad-running-adam", "niid", "local", seed, local)
+        _store(tmp_path, "grad-running-adam", "niid", "fedavg", seed, fedavg)
+        _store(tmp_path, "grad-running-adam", "niid", "fedavg_localstats", seed, kept)
+    rows = statistics_contrasts(tmp_path).set_index(["kept", "setting"])
+    row = rows.loc[("grad-running-adam (BN running, adam)", "niid")]
+    assert row["change"] == pytest.approx(8.25) and row["seeds"] == 2  # (9 + 7.5) / 2
+    assert rows.loc[("grad-running-adam (BN running, adam)", "iid"), "seeds"] == 0
+    assert set(rows.index.get_level_values(0)) == {"grad-running (BN running, sgd)",
+                                                    "grad-running-adam (BN running, adam)"}

@@ -22,9 +22,10 @@ def entropy_loss(logits):
     return -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1).mean()
 
 
-def reference_clients(model, batches, lr, mix):
+def reference_clients(model, batches, lr, mix, keep_statistics=False):
     """The reference code's clients as plain modules: adapt in train mode (Adam, entropy), then, with ``mix``, the
-    server averages every client's whole state_dict (parameters and BN running statistics); predict in eval mode."""
+    server averages every client's whole state_dict (parameters and BN running statistics; with ``keep_statistics``
+    the parameters only, each client keeping its running statistics); predict in eval mode."""
     n = batches[0].images.shape[0]
     nets = [copy.deepcopy(model) for _ in range(n)]
     opts = [torch.optim.Adam(net.parameters(), lr=lr) for net in nets]
@@ -39,7 +40,8 @@ def reference_clients(model, batches, lr, mix):
         if mix:
             states = [net.state_dict() for net in nets]
             avg = {k: torch.stack([s[k].float() for s in states]).mean(0).to(states[0][k].dtype)
-                   for k in states[0] if not k.endswith("num_batches_tracked")}
+                   for k in states[0] if not k.endswith("num_batches_tracked")
+                   and not (keep_statistics and k.endswith(("running_mean", "running_var")))}
             for net in nets:
                 net.load_state_dict(avg, strict=False)
         with torch.no_grad():
@@ -48,10 +50,11 @@ def reference_clients(model, batches, lr, mix):
 
 
 @pytest.mark.parametrize("backend", ["loop", "vectorized"])
-@pytest.mark.parametrize("strategy", ["local", "fedavg"])
+@pytest.mark.parametrize("strategy", ["local", "fedavg", "fedavg_localstats"])
 def test_running_bn_is_the_reference_client(digits_model, backend, strategy):
     batches = shifted_batches(n_clients=3, batch=8, steps=4)
-    want, nets = reference_clients(digits_model, batches, 1e-3, mix=strategy == "fedavg")
+    want, nets = reference_clients(digits_model, batches, 1e-3, mix=strategy != "local",
+                                   keep_statistics=strategy == "fedavg_localstats")
     torch.manual_seed(0)
     local = build_local("tent", params="all", optimizer="adam", lr=1e-3, bn="running")
     eng = Engine(digits_model, local, build_strategy(strategy), n_clients=3, backend=backend)
@@ -235,3 +238,17 @@ def test_row_median_makes_w_invariant_to_the_distance_scale():
     assert torch.allclose(w, plain)  # count = 2 terms: d / 2 / 2 = d / 4
     with pytest.raises(ValueError, match="scale"):
         build_strategy("fedctta", scale="count")
+
+
+def test_fedavg_with_local_statistics_equals_local_under_tta_bn_and_keeps_each_clients_statistics(digits_model):
+    batches = shifted_batches(n_clients=3, batch=8, steps=3)
+    out = {}
+    for name in ("local", "fedavg_localstats", "fedavg"):
+        eng = Engine(digits_model, build_local("bn"), build_strategy(name), n_clients=3)
+        out[name] = [eng.step(b).correct_mixed for b in batches]
+    assert all((a == b).all() for a, b in zip(out["local"], out["fedavg_localstats"]))  # TTA-bn shares statistics only
+    strat = build_strategy("fedavg_localstats")
+    state = {"conv.weight": torch.arange(6.0).view(3, 2), RUNNING_PREFIX + "bn1": torch.rand(3, 2, 4)}
+    mixed = strat.mix(state, torch.full((3, 3), 1 / 3))
+    assert torch.allclose(mixed["conv.weight"], state["conv.weight"].mean(0).expand(3, 2))
+    assert torch.equal(mixed[RUNNING_PREFIX + "bn1"], state[RUNNING_PREFIX + "bn1"])

@@ -7,6 +7,7 @@ from ..registry import build_named, decorator
 from .base import ServerInputs, Strategy, check_collaboration, row_softmax
 from .basic import FedAvg, FedAvgFT, Local
 from .fedamp import FedAMP
+from .fedavg_localstats import FedAvgLocalStats
 from .fedavgm import FedAvgM
 from .fedtsa import FedTSA
 from .fedctta import FedCTTA
@@ -22,6 +23,7 @@ STRATEGIES: Dict[str, Callable[..., Strategy]] = {
     "fedavg": FedAvg,
     "fedavg_ft": FedAvgFT,
     "fedavgm": FedAvgM,
+    "fedavg_localstats": FedAvgLocalStats,
     "fedprox": FedProx,
     "fedamp": FedAMP,
     "pfedgraph": PFedGraph,
