@@ -10,6 +10,7 @@ what we compare; absolute numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -27,6 +28,13 @@ CASES = {
     "TTA-bn": ("bn", {}),
     "Tent (BN affine)": ("tent", {"params": "bn_affine", "optimizer": "sgd", "lr": 1e-4}),
     "Tent (all params)": ("tent", {"params": "all", "optimizer": "sgd", "lr": 1e-4}),
+}
+# --all-locals: every other registered local method at its defaults, and the reference clients' TTA-grad
+MORE_CASES = {
+    "Tent (all params, running BN, Adam)": ("tent", {"params": "all", "optimizer": "adam", "lr": 1e-5,
+                                                     "bn": "running"}),
+    "PL": ("pl", {}), "EATA": ("eata", {"fisher_source": "resnet8_cifar10"}), "CoTTA": ("cotta", {}), "RoTTA": ("rotta", {}), "ROID": ("roid", {}),
+    "BBN": ("bbn", {}),
 }
 
 
@@ -66,10 +74,11 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--batch", type=int, default=10)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--all-locals", action="store_true", help="also every other local method (MORE_CASES)")
     args = ap.parse_args()
     data = batches(args.clients, args.batch, args.steps + 3, args.device)
     rows = []
-    for name, (local, params) in CASES.items():
+    for name, (local, params) in {**CASES, **(MORE_CASES if args.all_locals else {})}.items():
         loop = steps_per_second(local, params, "loop", data, args.device)
         vec = steps_per_second(local, params, "vectorized", data, args.device)
         rows.append({"case": name, "loop_steps_per_s": round(loop, 2), "vectorized_steps_per_s": round(vec, 2),
@@ -80,9 +89,11 @@ def main() -> None:
     result = {"device": args.device, "device_name": name, "threads": torch.get_num_threads(),
               "clients": args.clients, "batch": args.batch, "steps": args.steps, "torch": torch.__version__,
               "rows": rows}
-    md = [f"Measured with `python benchmarks/engine_backends.py --device {args.device} --steps {args.steps}` on "
-          f"{name} ({result['threads']} threads), torch {torch.__version__}; {args.clients} clients x batch "
-          f"{args.batch}, ResNet-8, FedAvg.", "", "| case | loop steps/s | vectorized steps/s | vectorized / loop |",
+    flags = " --all-locals" if args.all_locals else ""
+    md = [f"Measured with `python benchmarks/engine_backends.py --device {args.device} --steps {args.steps}{flags}` "
+          f"on {name} ({result['threads']} threads), torch {torch.__version__}, load average at the end "
+          f"{[round(v, 2) for v in os.getloadavg()]}; {args.clients} clients x batch {args.batch}, ResNet-8, FedAvg.",
+          "", "| case | loop steps/s | vectorized steps/s | vectorized / loop |",
           "|---|---|---|---|"]
     md += [f"| {r['case']} | {r['loop_steps_per_s']} | {r['vectorized_steps_per_s']} | {r['ratio']}x |" for r in rows]
     write_results(result, "engine_backends", args.device, "\n".join(md) + "\n", args.out)
