@@ -11,6 +11,7 @@ The chance level is the most frequent corruption's share.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
@@ -99,6 +100,28 @@ def leakage_table(collected: CollectedUploads, folds: int = 5) -> pd.DataFrame:
                      "bytes (float32)": 4 * x.shape[1], "guess accuracy (%)": guess_accuracy(x, y, groups, folds),
                      "chance (%)": chance})
     return pd.DataFrame(rows).set_index("upload")
+
+
+def stored_leakage_table(cfg: ExperimentConfig, max_steps: Optional[int], folder: Path | str,
+                         data_root: Optional[str] = None) -> pd.DataFrame:
+    """``leakage_table(collect_uploads(cfg, max_steps))``, stored as ``<folder>/leakage/<config hash>_<steps>.json``
+    with the code record of the run and of this module, and read back while that code is unchanged (a 150-step
+    FedCTTA probe takes minutes); computed and stored when missing or stale."""
+    from .build import code_record
+    from .runstore import code_record_of, read_summary, run_status, store_summary
+    from .workbook import config_key
+
+    path = Path(folder) / "leakage" / f"{config_key(cfg)}_{max_steps}.json"
+    if path.is_file():
+        stored = read_summary(path)
+        if run_status(stored) == "current":
+            return pd.DataFrame(stored["table"]).set_index("upload")
+    table = leakage_table(collect_uploads(cfg, max_steps, data_root))
+    record = code_record(cfg.local, cfg.strategy)
+    record["definitions"].update(code_record_of([__name__])["definitions"])
+    store_summary(path, {"config": cfg.to_dict(), "max_steps": max_steps,
+                         "table": table.reset_index().to_dict("records"), "code": record})
+    return table
 
 
 def leakage_reading(table: pd.DataFrame, margin: float = 5.0) -> str:

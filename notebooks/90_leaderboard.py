@@ -58,7 +58,7 @@ from ftta_core.experiment import ExperimentConfig
 
 from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
                                    run_leaderboard)
-from ftta_core.leakage import collect_uploads, leakage_reading, leakage_table
+from ftta_core.leakage import leakage_reading, stored_leakage_table
 from ftta_core.notebooks import smoke_mode
 from ftta_core.workbook import run_strategy_grid
 
@@ -126,7 +126,8 @@ else:
 # ## What leaves a client, and what it gives away
 # Bytes per client per step come from `benchmarks/results/server_cost_cpu.json`
 # (`python benchmarks/server_cost.py`). The guess accuracies come from one run with FedCTTA on TTA-bn (it records
-# all kinds of uploads at once: BN statistics, FedTSA's indicator, feature and logit means, FedCTTA's probe logits).
+# all kinds of uploads at once: BN statistics, FedTSA's indicator, feature and logit means, FedCTTA's probe logits),
+# stored under `results_dir/leakage/` with its code record and read back while that code is unchanged.
 
 # %%
 cost_file = Path("../benchmarks/results/server_cost_cpu.json")
@@ -135,7 +136,7 @@ if cost_file.exists():
     display(tables.show(pd.DataFrame(cost["uploads"]).set_index("what"), best=None))
 probe_cfg = dataclasses.replace(base, local="bn", local_params={}, strategy="fedctta", strategy_params={},
                                 max_steps=None)
-leak = leakage_table(collect_uploads(probe_cfg, max_steps=leakage_steps))
+leak = stored_leakage_table(probe_cfg, leakage_steps, results_dir)  # computed once, read back while the code is unchanged
 display(tables.show(leak, digits=1, best=None))
 print(leakage_reading(leak))
 

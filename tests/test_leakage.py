@@ -44,3 +44,25 @@ def test_leakage_reading_orders_uploads_and_names_small_uploads_that_reveal_more
     assert "probe_logits (40 bytes, 55.7%) more than feature_mean (1024 bytes, 30.1%)" in text
     assert "bn_stats (" not in text.split("Fewer bytes")[1]
     assert "Fewer bytes" not in leakage_reading(table.drop(index="probe_logits"))
+
+
+def test_stored_leakage_table_is_read_back_until_its_code_changes(tmp_path, monkeypatch):
+    import json
+
+    from ftta_core import leakage
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, batch_size=10,
+                           images_per_client=20, corruptions=["fog", "contrast", "frost"], sh=0.5, th=0.5,
+                           local="bn", strategy="fedctta", device="cpu")
+    first = leakage.stored_leakage_table(cfg, 6, tmp_path)
+    (path,) = (tmp_path / "leakage").glob("*.json")
+    calls = []
+    monkeypatch.setattr(leakage, "collect_uploads", lambda *a, **k: calls.append(a) or pytest.fail("recomputed"))
+    pd.testing.assert_frame_equal(leakage.stored_leakage_table(cfg, 6, tmp_path), first, check_dtype=False)
+    stored = json.loads(path.read_text())
+    stored["code"]["definitions"]["ftta_core.leakage"]["leakage_table"] = "a digest no code has"
+    path.write_text(json.dumps(stored))
+    with pytest.raises(pytest.fail.Exception, match="recomputed"):  # stale: computed again
+        leakage.stored_leakage_table(cfg, 6, tmp_path)
+    assert len(calls) == 1
