@@ -312,28 +312,32 @@ else:
     t_dir, t_variants, t_alphas, t_seeds = temperature_dir, None, list(temperature.ALPHAS), temperature_seeds
     t_steps = temperature.HELD_OUT_STEPS
 only_stored = not (compute or smoke)
+t_settings = [k for k in (t_variants or temperature.temperature_variants()) if k.startswith("T=")]
 held_out = temperature.temperature_grid(t_base, [temperature.HELD_OUT_SEED], t_alphas,
                                         {k: v for k, v in (t_variants or temperature.temperature_variants()).items()
-                                         if k.startswith("T=")},
+                                         if k in t_settings},
                                         results_dir=t_dir, only_cached=only_stored, max_steps=t_steps)
 reported = temperature.temperature_grid(t_base, t_seeds, t_alphas, t_variants, results_dir=t_dir,
                                         only_cached=only_stored, max_steps=t_steps if smoke else None)
 print(f"stored: {len(held_out)} held-out runs, {len(reported)} reported runs (seeds {t_seeds})")
 if len(held_out):
-    chosen = temperature.select_setting(held_out)
-    display(tables.show(chosen.set_index("alpha"), best=None, caption="the rule's choice (held-out stream)"))
+    chosen = temperature.select_setting(held_out, t_settings)
+    display(tables.show(chosen.set_index("alpha"), best=None,
+                        caption="the rule's choice (held-out stream; none until every setting's held-out run is stored)"))
+    display(tables.show(held_out.set_index(["alpha", "variant"])[["same domain", "uniform same-domain", "self"]],
+                        best=None, caption="W's shares on the held-out stream, per stored setting"))
 if len(reported):
     display(tables.show(temperature.curve(reported).set_index(["alpha", "variant"]), best=None))
     fig = temperature.curve_figure(reported, held_out)
     Path(figure_dir).mkdir(parents=True, exist_ok=True)
     fig.savefig(Path(figure_dir) / "temperature_curve.png")
-if len(held_out) and len(reported):
-    t_claims = pd.DataFrame(temperature.pfedbbn_claims(reported, chosen))
+t_claims = pd.DataFrame(temperature.pfedbbn_claims(reported, chosen) if len(held_out) and len(reported) else [])
+if len(t_claims):
     display(tables.show(t_claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
                                                                       "verdict"]], best=None))
     display(Markdown(fidelity.claims_reading(t_claims)))
 else:
-    print("the held-out runs or the reported runs of the study are not stored yet: no claim is read")
+    print("no alpha has both every held-out run (the rule's choice) and reported runs stored yet: no claim is read")
 
 # %% [markdown]
 # ## CIFAR-100-C

@@ -51,3 +51,17 @@ def test_curve_averages_seeds():
                        "other domains": 0.2, "uniform same-domain": 0.1} for s, a in ((0, 60.0), (1, 62.0))])
     row = curve(g).iloc[0]
     assert (row["accuracy"], row["seeds"]) == (61.0, 2) and row["accuracy sd"] == pytest.approx(1.4142, abs=1e-4)
+
+
+def test_rule_makes_no_choice_until_every_setting_has_its_held_out_run():
+    held = _held_out([(0.1, 1, 0.10, 99.0), (0.1, 2, 0.40, 10.0), (0.01, 1, 0.3, 70.0), (0.01, 2, 0.2, 70.0),
+                      (0.01, 4, 0.1, 70.0)])
+    settings = [setting_name(t, "none") for t in (1, 2, 4)]
+    chosen = select_setting(held, settings).set_index("alpha")
+    assert pd.isna(chosen.loc[0.1, "variant"]) and chosen.loc[0.1, "held-out runs"] == "2 of 3"
+    assert chosen.loc[0.01, "variant"] == setting_name(1, "none") and chosen.loc[0.01, "held-out runs"] == "3 of 3"
+    rows = [{"alpha": 0.1, "variant": setting_name(2, "none"), "seed": 0, "accuracy": 60.0, "same domain": 0.5,
+             "uniform same-domain": 0.2}, {"alpha": 0.1, "variant": "BBN alone", "seed": 0, "accuracy": 58.0},
+            {"alpha": 0.1, "variant": "FedAvg + BBN", "seed": 0, "accuracy": 59.0}]
+    claims = pfedbbn_claims(pd.DataFrame(rows), chosen.reset_index())
+    assert claims and not [c for c in claims if c["claim"].endswith("alpha 0.1")]  # no choice at alpha 0.1: no claim

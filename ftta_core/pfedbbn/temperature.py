@@ -105,14 +105,24 @@ def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mappin
     return pd.DataFrame(rows, index=table.index)
 
 
-def select_setting(held_out: pd.DataFrame) -> pd.DataFrame:
+def select_setting(held_out: pd.DataFrame, settings: Optional[Sequence[str]] = None) -> pd.DataFrame:
     """The rule, per alpha: the pFedBBN setting with the largest same-domain share on the held-out stream (ties:
-    smaller T). ``held_out``: ``temperature_grid`` rows of ``HELD_OUT_SEED``. One row per alpha."""
+    smaller T). ``held_out``: ``temperature_grid`` rows of ``HELD_OUT_SEED``. One row per alpha, with "held-out
+    runs" (stored of ``settings``, the grid's setting names): an alpha whose held-out runs do not cover every one of
+    ``settings`` gets no choice (variant missing), since a setting not run could have won."""
     rows = held_out[held_out["variant"].str.startswith("T=")].copy()
     rows["T"] = rows["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
     rows = rows.sort_values(["alpha", "same domain", "T"], ascending=[True, False, True])
-    return rows.groupby("alpha", sort=False).head(1)[["alpha", "variant", "same domain", "uniform same-domain",
-                                                       "self"]].reset_index(drop=True)
+    chosen = rows.groupby("alpha", sort=False).head(1)[["alpha", "variant", "same domain", "uniform same-domain",
+                                                         "self"]].reset_index(drop=True)
+    wanted = set(settings) if settings is not None else None
+    stored = rows.groupby("alpha")["variant"].agg(set)
+    chosen["held-out runs"] = [f"{len(stored[a] & wanted) if wanted else len(stored[a])} of "
+                               f"{len(wanted) if wanted else len(stored[a])}" for a in chosen["alpha"]]
+    if wanted:
+        incomplete = [not wanted <= stored[a] for a in chosen["alpha"]]
+        chosen.loc[incomplete, ["variant", "same domain", "uniform same-domain", "self"]] = None
+    return chosen
 
 
 def curve(grid: pd.DataFrame) -> pd.DataFrame:
@@ -137,6 +147,8 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
     rows = []
     for pick in chosen.to_dict("records"):
         alpha, name = pick["alpha"], pick["variant"]
+        if not isinstance(name, str):  # no choice yet (``select_setting``: held-out runs missing)
+            continue
         at = reported[reported["alpha"] == alpha]
         acc = lambda v: at[at["variant"] == v].set_index("seed")["accuracy"]  # noqa: E731
         where = f"pFedBBN {name} (chosen by the held-out rule), BBN clients, alpha {alpha:g}"
@@ -166,7 +178,7 @@ def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = 
     if len(held) < len(ALPHAS) * len(temperature_variants()):
         return []
     reported = temperature_grid(base, seeds, ALPHAS, None, results_dir, True, (grid_dir,))
-    return pfedbbn_claims(reported, select_setting(held), tie)
+    return pfedbbn_claims(reported, select_setting(held, list(temperature_variants())), tie)
 
 
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
