@@ -254,7 +254,7 @@ if len(model_conclusions):
 display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
 if len(model_conclusions):
     shown_gains = model_conclusions.assign(
-        tta=model_conclusions.tta.map({"bn": "TTA-bn", "grad-running-adam": "TTA-grad (running BN, Adam)"}),
+        tta=model_conclusions.tta.replace({"bn": "TTA-bn", "grad-running-adam": "TTA-grad (running BN, Adam)"}),
         setting=model_conclusions.setting.str.upper())
     axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5,
                                 x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})
