@@ -484,7 +484,9 @@ def _add_case_study(sub: argparse._SubParsersAction) -> None:
                                    "W over time, per-slot accuracies; stored runs are reused) and writes "
                                    "OUT/table.{csv,md}: accuracy per group and slot.")
     p.add_argument("--tta", choices=["bn", "grad"], default="bn", help="TTA-bn or TTA-grad (Tent, all params, SGD 1e-4)")
-    p.add_argument("--strategies", nargs="+", default=["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"])
+    p.add_argument("--strategies", nargs="+", default=["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"],
+                   help="names, or name@key=value[,key=value] for a strategy with parameters (e.g. "
+                        "fedctta@probe_bn=eval); each run is kept under OUT/<that text>/")
     p.add_argument("--orders", choices=["fedtsa", "fedctta"], default="fedtsa",
                    help="the groups' corruption orders: FedTSA Table 4 (clients 5-7 one corruption ahead) or "
                         "FedCTTA Table III (four ahead)")

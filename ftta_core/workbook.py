@@ -237,18 +237,41 @@ def slot_table(steps: pd.DataFrame) -> pd.DataFrame:
     return g
 
 
+def strategy_spec(spec: str) -> Tuple[str, Dict[str, Any]]:
+    """A strategy named with its parameters, as ``run_stored`` and ``case-study --strategies`` take it:
+    ``"fedctta"`` -> ``("fedctta", {})``, ``"fedctta@probe_bn=eval,ema=0.9"`` -> ``("fedctta", {"probe_bn": "eval",
+    "ema": 0.9})`` (values read as YAML scalars). The spec is also the run's folder name."""
+    import yaml
+
+    name, _, rest = spec.partition("@")
+    params: Dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"strategy {spec!r}: expected name@key=value[,key=value...], got {item!r}")
+        params[key.strip()] = yaml.safe_load(value)
+    if not name or (rest and not params):
+        raise ValueError(f"strategy {spec!r}: expected name or name@key=value[,key=value...]")
+    return name, params
+
+
 def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
                progress: bool = True) -> Dict[str, StoredRun]:
-    """Run ``base`` with every strategy and keep each run under ``out_dir/<strategy>/`` (``summary.json``,
-    ``collaboration.npz``, ``slots.csv``: small enough to commit). Stored runs with the same config are read back;
-    the missing ones share one pass when the local method is stateless (TTA-bn), else run one by one."""
+    """Run ``base`` with every strategy (a name, or a ``strategy_spec`` such as ``fedctta@probe_bn=eval``) and keep
+    each run under ``out_dir/<spec>/`` (``summary.json``, ``collaboration.npz``, ``slots.csv``: small enough to
+    commit). Stored runs with the same config are read back. Two or more missing strategies without parameters
+    share one pass when the local method is stateless (TTA-bn); every other missing run goes alone through
+    ``run_experiment``'s resumable folder (``partial_dir``), so an interrupted run resumes where it stopped."""
     import numpy as np
 
     from .loop import SharedPassError
     from .experiment import run_strategies
 
     out_dir = Path(out_dir)
-    cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}) for s in strategies}
+    cfgs = {}
+    for s in strategies:
+        name, params = strategy_spec(s)
+        cfgs[s] = dataclasses.replace(base, strategy=name, strategy_params=params)
 
     def stored(s: str) -> bool:
         path = usable(out_dir / s / "summary.json")
@@ -256,20 +279,33 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
 
     missing = [s for s in strategies if not stored(s)]
     progress = progress_wanted(progress)
-    if missing:
+    plain = [s for s in missing if not cfgs[s].strategy_params]
+    fresh: Dict[str, Results] = {}
+    if len(plain) > 1:
         try:
-            fresh = run_strategies(cfgs[missing[0]], missing, progress=progress)
+            fresh = run_strategies(cfgs[plain[0]], plain, progress=progress)
         except SharedPassError:  # the local method trains or carries state: one run per strategy
-            fresh = {s: run_experiment(cfgs[s], progress=progress) for s in missing}
-        for s, res in fresh.items():
-            folder = out_dir / s  # the summary last: a folder with one is complete (``runstore``)
-            (folder / "summary.json").unlink(missing_ok=True)
-            atomic_write(folder / "collaboration.npz",
-                         lambda fh, w=res.collaboration: np.savez_compressed(fh, W=w.astype(np.float32)))
-            atomic_write(folder / "slots.csv", lambda fh, st=res.steps: fh.write(slot_table(st).to_csv(
-                index=False, float_format="%.4f").encode()))
-            atomic_write_text(folder / "summary.json", json.dumps(res.summary, indent=1, default=float) + "\n")
+            pass
+    for s, res in fresh.items():
+        _keep_compact(out_dir / s, res)
+    for s in missing:
+        if s not in fresh:
+            partial = partial_dir(cfgs[s])
+            _keep_compact(out_dir / s, run_experiment(cfgs[s], out=partial, progress=progress))
+            shutil.rmtree(partial, ignore_errors=True)
     return read_stored(out_dir, strategies)
+
+
+def _keep_compact(folder: Path, res: Results) -> None:
+    """``run_stored``'s folder of one run: W (float32), the per-slot table, then the summary (written last: a folder
+    with one is complete, ``runstore``)."""
+    import numpy as np
+
+    (folder / "summary.json").unlink(missing_ok=True)
+    atomic_write(folder / "collaboration.npz", lambda fh: np.savez_compressed(fh, W=res.collaboration.astype(np.float32)))
+    atomic_write(folder / "slots.csv", lambda fh: fh.write(slot_table(res.steps).to_csv(
+        index=False, float_format="%.4f").encode()))
+    atomic_write_text(folder / "summary.json", json.dumps(res.summary, indent=1, default=float) + "\n")
 
 
 def read_stored(out_dir: Path, strategies: Sequence[str]) -> Dict[str, StoredRun]:

@@ -113,3 +113,28 @@ def test_train_source_stores_a_named_variant_of_a_recipe(tmp_path, capsys):
     small = json.loads((tmp_path / "digits_64.json").read_text())
     assert small["train_images"] == 64 and card["train_images"] > 64
     assert small["clean_test_accuracy"] < card["clean_test_accuracy"]
+
+
+def test_case_study_keeps_a_strategy_with_parameters_under_its_spec(tmp_path, monkeypatch, capsys):
+    """``name@key=value`` runs the strategy with those parameters, resumably, in a folder named by the spec; the
+    stored run is read back for that spec only; a malformed spec is a one-line error."""
+    import json
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("FTTA_PARTIAL_DIR", str(tmp_path / "partial"))
+    out = tmp_path / "case"
+    common = ["--dataset", "embedded_digits", "--device", "cpu", "--max-steps", "3", "--out", str(out)]
+    spec = "fedctta@probe_bn=eval,temperature=2"
+    assert main(["case-study", "--orders", "fedctta", "--strategies", "fedctta", spec, *common]) == 0
+    config = json.loads((out / spec / "summary.json").read_text())["config"]
+    assert config["strategy"] == "fedctta" and config["strategy_params"] == {"probe_bn": "eval", "temperature": 2}
+    assert json.loads((out / "fedctta" / "summary.json").read_text())["config"]["strategy_params"] == {}
+    assert not list((tmp_path / "partial").glob("*"))  # the resumable folder is gone once the run is kept
+    table = pd.read_csv(out / "table.csv", index_col=[0, 1])
+    assert {spec, "fedctta"} <= set(table.index.get_level_values("strategy"))
+    stamp = (out / spec / "summary.json").stat().st_mtime_ns
+    assert main(["case-study", "--orders", "fedctta", "--strategies", spec, *common]) == 0
+    assert (out / spec / "summary.json").stat().st_mtime_ns == stamp
+    assert main(["case-study", "--strategies", "fedctta@probe_bn", *common]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fedctta@probe_bn" in err[0]
