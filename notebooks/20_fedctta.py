@@ -63,9 +63,9 @@ from ftta_core.training import source_model_line
 from ftta_core import plots, style, tables
 from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
-from ftta_core.fedctta.study import (Variant, batch_size_variants, clean_probe_images, cluster_groups,
-                                     distance_contrast, fedctta_round, interval_variants, live_grid, reading,
-                                     split_table4, table4_variants, temperature_variants)
+from ftta_core.fedctta.study import (Variant, batch_size_variants, case_study_order, clean_probe_images,
+                                     cluster_groups, distance_contrast, fedctta_round, interval_variants, live_grid,
+                                     reading, split_table4, table4_variants, temperature_variants)
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
 from ftta_core.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4, beside_fedctta_table3
@@ -75,7 +75,9 @@ from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, per_domain_table, read_stored,
-                               stored_summaries, sweep_reading)
+                               stored_summaries, summary_config, sweep_reading)
+from ftta_core.fedctta.clusters import MEET_SLOT, cluster_reading, cluster_table
+from ftta_core.scenarios import CASE_STUDY_GROUPS
 
 torch.set_num_threads(1)
 style.use()
@@ -227,9 +229,56 @@ display(tables.show(beside_per_corruption(table2, "fedctta_table2", dataset="cif
 # accuracy of all ten clients per slot, ours and the paper's; the mean is over the slots both have.
 
 # %%
-case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"])
+CASE_EVAL = "fedctta@probe_bn=eval"  # the reference clients' probes (eval mode: the last aggregation's statistics)
+case_label = lambda s: {CASE_EVAL: "FedCTTA, eval-mode probes"}.get(s, METHOD_LABELS.get(s, s))  # noqa: E731
+all_case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta", CASE_EVAL])
+case_runs = {s: r for s, r in all_case_runs.items() if s != CASE_EVAL}
 if case_runs:
     display(tables.show(beside_fedctta_table3(case_runs)))
+else:
+    print(f"no stored case study under {case_study_dir}: run the command above")
+
+# %% [markdown]
+# The same table with FedCTTA's probes normalised as the reference clients do (`probe_bn="eval"`, stored by
+# `case-study --orders fedctta --strategies fedctta@probe_bn=eval --out ...`) standing in FedCTTA's row, and the order
+# of the methods it gives:
+
+# %%
+if CASE_EVAL in all_case_runs and case_runs:
+    table3_eval = beside_fedctta_table3({**case_runs, "fedctta": all_case_runs[CASE_EVAL]})
+    display(tables.show(table3_eval))
+    display(Markdown("With eval-mode probes: " + case_study_order(table3_eval)))
+else:
+    print(f"no stored {CASE_EVAL} run under {case_study_dir}: run the command above")
+
+# %% [markdown]
+# ## Figs. 3-4: the case study's collaboration matrices
+# The paper's Fig. 3 shows W over rounds for pFedGraph, FedTSA and FedCTTA on this case study, and says FedCTTA
+# clusters the clients with similar distributions; its Fig. 4 shows client 1's row over time and says clients 8-10 gain
+# weight at the 8th distribution shift, where they see client 1's corruption. Below: W averaged over three slots
+# (first, the meeting slot 8, last), every panel on one [0, 1] scale, groups separated by white lines; then client 1's
+# row over time; then the shares each run gives, beside uniform mixing (`fedctta.clusters`).
+
+# %%
+fig34 = [s for s in ["pfedgraph", "fedtsa", "fedctta", CASE_EVAL] if s in all_case_runs]
+if fig34:
+    case_cfg = summary_config(all_case_runs[fig34[0]].summary)
+    case_slot = case_cfg.images_per_client // case_cfg.batch_size
+    case_groups = [next(g for g, members in CASE_STUDY_GROUPS.items() if c in members) for c in range(case_cfg.clients)]
+    shown_slots = [0, MEET_SLOT, all_case_runs[fig34[0]].collaboration.shape[0] // case_slot - 1]
+    style.collaboration_matrices({f"{case_label(s)}, slot {k + 1}":
+                                  all_case_runs[s].collaboration[k * case_slot:(k + 1) * case_slot].mean(0)
+                                  for s in fig34 for k in shown_slots}, groups=case_groups, ncols=len(shown_slots))
+    fig, axes = plt.subplots(len(fig34), 1, figsize=(style.MAX_WIDTH, 2.2 * len(fig34)), squeeze=False, sharex=True)
+    for ax, s in zip(axes[:, 0], fig34):
+        plots.collaboration_over_time(all_case_runs[s].collaboration, client=0, ax=ax, slot_steps=case_slot,
+                                      groups=case_groups, cbar=False, title=f"{case_label(s)}: client 1's weights")
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")  # one step axis, under the last panel
+    fig.colorbar(axes[0, 0].images[0], ax=axes[:, 0], label=style.W_LABEL, shrink=0.8)
+    clusters = cluster_table(all_case_runs)
+    display(tables.show(clusters.rename(index=case_label).T, digits=3, best=None))
+    display(Markdown(cluster_reading(clusters, case_label)))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
 

@@ -274,3 +274,39 @@ def test_engine_backends_agree(model, local_name):
         assert np.allclose(wl, wv, atol=1e-5)
         assert torch.equal(pl, pv)
         assert (rl.correct_local == rv.correct_local).all() and (rl.correct_mixed == rv.correct_mixed).all()
+
+
+def test_case_study_clusters_are_read_against_uniform_mixing_and_the_meeting_slot():
+    """Figs. 3-4 (``fedctta.clusters``): FedAvg's W is uniform mixing on every count; a W that keeps half on each
+    client and gives the rest to its group, plus client 1 -> clients 8-10 only in the meeting slot, reads as a
+    cluster and as Fig. 4's turn."""
+    import numpy as np
+
+    from ftta_core.experiment import ExperimentConfig
+    from ftta_core.fedctta.clusters import MEET_SLOT, cluster_reading, cluster_table
+    from ftta_core.scenarios import CASE_STUDY_GROUPS
+    from ftta_core.workbook import StoredRun
+
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="case_study_fedctta", clients=10, batch_size=10,
+                           images_per_client=20)  # 2 steps per slot
+    steps = 2 * 15
+    uniform = np.full((steps, 10, 10), 0.1)
+    grouped = np.zeros((steps, 10, 10))
+    for g in CASE_STUDY_GROUPS.values():
+        for i in g:
+            grouped[:, i, list(g)] = 0.5 / (len(g) - 1)
+            grouped[:, i, i] = 0.5
+    meet = slice(2 * MEET_SLOT, 2 * MEET_SLOT + 2)
+    grouped[meet, 0, :] = 0.0
+    grouped[meet, 0, [0, 7, 8, 9]] = [0.4, 0.2, 0.2, 0.2]
+    runs = {name: StoredRun({"config": cfg.to_dict()}, w, None) for name, w in (("fedavg", uniform),
+                                                                                  ("grouped", grouped))}
+    table = cluster_table(runs)
+    assert np.isclose(table.loc["fedavg", "own group"], table.loc["fedavg", "own group, uniform"])
+    assert table.loc["fedavg", "client 1 on 8-10, range over slots"] < 1e-9
+    assert table.loc["grouped", "own group, of the weight given away"] > 0.9
+    assert table.loc["grouped", "meeting slot's rank"] == 1
+    assert np.isclose(table.loc["grouped", "client 1 on 8-10, meeting slot"], 0.6)
+    text = cluster_reading(table).splitlines()
+    assert "equal to uniform" in text[0] and "the same in every slot" in text[0]
+    assert "above uniform mixing" in text[1] and "as the paper's Fig. 4 says" in text[1]
