@@ -65,7 +65,8 @@ from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
 from ftta_core.fedctta.study import (Variant, batch_size_variants, case_study_order, clean_probe_images,
                                      cluster_groups, distance_contrast, fedctta_round, interval_variants, live_grid,
-                                     reading, split_table4, table4_variants, temperature_variants)
+                                     probe_temperature_grid, probe_temperature_reading, reading, split_table4,
+                                     table4_variants, temperature_variants)
 from ftta_core.notebooks import smoke_mode
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
 from ftta_core.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4, beside_fedctta_table3
@@ -403,6 +404,28 @@ style.legend_outside(axes[1], loc="upper center", anchor=(0.5, -0.2), ncol=3, ti
 axes[1].set_title("(b) batch size")
 axes[2].get_legend() and axes[2].get_legend().remove()  # same key as (a)
 fig.suptitle("mean ± 1 sd over seeds (open marker: one seed); (c) uses the key of (a)", fontsize=9)
+
+# %% [markdown]
+# ## The temperature with the reference clients' probes and EMA (digits)
+# FedCTTA's W depends on how the clients normalise the probes (`probe_bn`: ours by default with the statistics of the
+# client's real batch at this step; the reference clients in eval mode, i.e. under TTA-bn with the statistics of the
+# previous aggregation) and on whether the server smooths the probe statistics (EMA 0.9 in the reference code, none
+# in the paper). One line per setting across temperatures, on the stream above: (a) accuracy, with FedAvg dashed and
+# Local dotted; (b) W's mean self-weight, with FedAvg's 1/N dashed.
+
+# %%
+probe_temperatures = [1, 10] if smoke else [1, 3, 10, 30]
+probe_grid = probe_temperature_grid(cfg, probe_temperatures, seeds, cache=runs)
+fig, axes = style.panels(2, ncols=2, panel=(3.6, 3.4))
+plots.accuracy_curve(probe_grid, "temperature", hue="setting", ax=axes[0], log_x=True)
+axes[0].axhline(refs.get("fedavg", np.nan), color="gray", ls="--", lw=1)
+axes[0].axhline(refs.get("local", np.nan), color="k", ls=":", lw=1)
+axes[0].set_title("(a) accuracy")
+axes[0].get_legend() and axes[0].get_legend().remove()  # one key, beside the right panel
+plots.accuracy_curve(probe_grid, "temperature", y="self weight", hue="setting", ax=axes[1], log_x=True)
+axes[1].axhline(1 / clients, color="gray", ls="--", lw=1)
+axes[1].set(ylabel="W's mean self-weight", title="(b) self-weight")
+display(Markdown(probe_temperature_reading(probe_grid, refs.to_dict())))
 
 # %% [markdown]
 # ## Reading it

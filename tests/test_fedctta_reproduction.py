@@ -287,6 +287,22 @@ def test_live_grid_variants_and_groups(tiny_cfg):
     assert again.accuracy.item() == grid[grid.variant == "local"].accuracy.item()
 
 
+def test_probe_temperature_grid_names_settings_and_reads_self_weight(tiny_cfg):
+    """Every (probe setting, temperature) runs once; W's self-weight is read from the run (FedAvg's is 1/N), and the
+    reading states the EMA's effect within each probe normalisation."""
+    from ftta_core.fedctta.study import PROBE_SETTINGS, probe_temperature_grid, probe_temperature_reading
+
+    grid = probe_temperature_grid(tiny_cfg, [1, 10], [0])
+    assert set(grid.setting) == set(PROBE_SETTINGS) and set(grid.temperature) == {1.0, 10.0} and len(grid) == 8
+    assert grid["self weight"].between(0, 1).all()
+    flat = grid[grid.setting == "client statistics"].set_index("temperature")["self weight"]
+    assert flat[10.0] < flat[1.0]  # a higher temperature flattens W
+    fedavg = live_grid(tiny_cfg, {"fedavg": Variant("fedavg")}, [0])
+    assert fedavg["self weight"].item() == pytest.approx(1 / tiny_cfg.clients)
+    text = probe_temperature_reading(grid, {"fedavg": fedavg.accuracy.item()})
+    assert text.count("the best temperature here is") == 4 and text.count("the EMA moves accuracy") == 2
+
+
 def test_reading_states_the_computed_numbers():
     shares = pd.DataFrame({"self": [0.9, 0.8], "own group (others)": [0.05, 0.1]})
     t4 = beside_fedctta_table4(pd.DataFrame([{"probes": p, "statistic": s, "distance": d, "mean": 70.0 + i,

@@ -131,7 +131,8 @@ def _variant_key(cfg: ExperimentConfig, variant: Variant) -> tuple:
 
 def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Sequence[int],
               cache: Optional[Dict[tuple, dict]] = None) -> pd.DataFrame:
-    """Run every variant for every seed (streams built once per config and seed); one row per run.
+    """Run every variant for every seed (streams built once per config and seed); one row per run: accuracies and
+    W's mean self-weight (diagonal over steps and clients).
 
     With ``cache`` (a dict kept by the caller) a run with the same config, strategy and parameters as one already
     in it is read back instead of run again (e.g. FedCTTA at its defaults in several grids)."""
@@ -148,8 +149,9 @@ def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Se
                 stream_key = config_key(dataclasses.replace(cfg, strategy="local", strategy_params={}))
                 if stream_key not in streams:
                     streams[stream_key] = build_stream(cfg, resolve_device(cfg.device))
-                summary = run_live(cfg, build_variant(cfg, variant), streams[stream_key]).summary
-                cache[key] = {k: summary[k] for k in ("accuracy", "accuracy_local", "accuracy_source")}
+                res = run_live(cfg, build_variant(cfg, variant), streams[stream_key])
+                cache[key] = {**{k: res.summary[k] for k in ("accuracy", "accuracy_local", "accuracy_source")},
+                              "self weight": float(np.diagonal(res.collaboration, axis1=1, axis2=2).mean())}
             rows.append({"variant": name, "seed": seed, **cache[key]})
     return pd.DataFrame(rows)
 
@@ -180,9 +182,57 @@ def interval_variants(intervals: Sequence[int]) -> Dict[str, Variant]:
     return {f"interval {k}": Variant("fedctta", {"interval": int(k)}) for k in intervals}
 
 
-def temperature_variants(temperatures: Sequence[float]) -> Dict[str, Variant]:
-    """FedCTTA with W = softmax(-distance / temperature) for each temperature (the paper fixes 1)."""
-    return {f"temperature {t:g}": Variant("fedctta", {"temperature": float(t)}) for t in temperatures}
+def temperature_variants(temperatures: Sequence[float], prefix: str = "",
+                         **params: Any) -> Dict[str, Variant]:
+    """FedCTTA with W = softmax(-distance / temperature) for each temperature (the paper fixes 1), with further
+    FedCTTA ``params`` (e.g. ``probe_bn``, ``ema``); names ``"{prefix}temperature {t}"``."""
+    return {f"{prefix}temperature {t:g}": Variant("fedctta", {**params, "temperature": float(t)})
+            for t in temperatures}
+
+
+# how the clients normalise the probes and whether the server smooths their statistics: ours, the reference code's
+PROBE_SETTINGS = {"client statistics": {}, "client statistics, EMA 0.9": {"ema": 0.9},
+                  "eval mode": {"probe_bn": "eval"}, "eval mode, EMA 0.9 (reference code)": {"probe_bn": "eval", "ema": 0.9}}
+
+
+def probe_temperature_grid(base: ExperimentConfig, temperatures: Sequence[float], seeds: Sequence[int],
+                           cache: Optional[Dict[tuple, dict]] = None,
+                           settings: Mapping[str, Mapping[str, Any]] = PROBE_SETTINGS) -> pd.DataFrame:
+    """FedCTTA at every (probe setting, temperature) (``live_grid``): columns ``setting`` and ``temperature`` added,
+    with W's mean self-weight."""
+    variants = {}
+    for name, params in settings.items():
+        variants.update(temperature_variants(temperatures, f"{name} / ", **params))
+    grid = live_grid(base, variants, seeds, cache=cache)
+    parts = grid.variant.str.rsplit(" / temperature ", n=1)
+    return grid.assign(setting=parts.str[0], temperature=parts.str[1].astype(float))
+
+
+def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], tie: float = 0.5) -> str:
+    """What the (probe setting x temperature) curve says, computed: per setting, accuracy and self-weight at T = 1
+    and the best temperature; the EMA's effect at T = 1 within each probe normalisation (``tie`` points read as
+    equal); where FedAvg (``refs['fedavg']``) stands."""
+    means = grid.groupby(["setting", "temperature"])[["accuracy", "self weight"]].mean()
+    lines = []
+    for setting, rows in means.groupby(level="setting", sort=False):
+        rows = rows.droplevel("setting")
+        best = rows["accuracy"].idxmax()
+        at1 = rows.loc[1.0] if 1.0 in rows.index else None
+        text = f"- **{setting}**: "
+        if at1 is not None:
+            text += f"T = 1 gives {at1['accuracy']:.2f}% with self-weight {at1['self weight']:.2f}; "
+        text += (f"the best temperature here is {best:g} ({rows.loc[best, 'accuracy']:.2f}%, self-weight "
+                 f"{rows.loc[best, 'self weight']:.2f})")
+        if "fedavg" in refs:
+            text += f", {rows.loc[best, 'accuracy'] - refs['fedavg']:+.2f} points from FedAvg"
+        lines.append(text + ".")
+    for plain in ("client statistics", "eval mode"):
+        with_ema = next((s for s in means.index.levels[0] if s.startswith(plain + ", EMA")), None)
+        if with_ema and (plain, 1.0) in means.index and (with_ema, 1.0) in means.index:
+            d = means.loc[(with_ema, 1.0), "accuracy"] - means.loc[(plain, 1.0), "accuracy"]
+            lines.append(f"- At T = 1 the EMA moves accuracy by {d:+.2f} points with {plain} probes ("
+                         + ("within" if abs(d) <= tie else "beyond") + f" the {tie} tie band).")
+    return "\n".join(lines)
 
 
 def distance_contrast(distances: np.ndarray, groups: Mapping[str, Sequence[int]]) -> Dict[str, float]:
