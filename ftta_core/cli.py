@@ -172,27 +172,45 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="run on this device instead of the recorded one")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a run-plan worker)")
     p.add_argument("--check", action="store_true", help="compare only: never rewrite a summary")
+    p.add_argument("--workers", type=int, default=1, help="runs at once, each in its own process with --threads "
+                                                          "threads (default 1: one after the other, here)")
     p.set_defaults(func=cmd_reproduce)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    """Runs each stored summary file's config again with today's code (one at a time) and compares everything it
-    measured (accuracies per domain and class, uploads, W's shares). When all agree, the file's code record becomes
-    today's and a 'reproduced' note says when, on which device and from which former record: the run counts as
-    current again. When anything differs the file is left as it is and the differences are printed. Exit status 1
-    if any run differs."""
-    import torch
+    """Runs each stored summary file's config again with today's code (one at a time, or --workers at once) and
+    compares everything it measured (accuracies per domain and class, uploads, W's shares). When all agree, the
+    file's code record becomes today's and a 'reproduced' note says when, on which device and from which former
+    record: the run counts as current again. When anything differs the file is left as it is and the differences are
+    printed. An interrupted run resumes on the next call. Exit status 1 if any run differs."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from multiprocessing import get_context
 
+    from .plan_runner import _init_worker
     from .workbook import reproduce
 
     if _refused(args.summaries, Path.is_file, "a stored summary file"):
         return 2
-    torch.set_num_threads(args.threads)
+    if args.workers < 1:
+        print("reproduce: --workers must be >= 1", file=sys.stderr)
+        return 2
+    one = functools.partial(reproduce, atol=args.atol, device=args.device, update=not args.check)
     failed = 0
-    for path in args.summaries:
-        result = reproduce(path, atol=args.atol, device=args.device, update=not args.check)
+
+    def report(result: Dict[str, Any]) -> None:
+        nonlocal failed
         failed += result["status"] != "reproduced"
-        print(json.dumps(result))
+        print(json.dumps(result), flush=True)
+
+    if args.workers == 1:
+        _init_worker(args.threads)
+        for path in args.summaries:
+            report(one(path))
+    else:
+        with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                                 initargs=(args.threads,)) as pool:
+            for future in as_completed([pool.submit(one, path) for path in args.summaries]):
+                report(future.result())
     return 1 if failed else 0
 
 

@@ -512,7 +512,9 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
     record becomes today's (``build.code_record``) and ``reproduced`` notes when, on what and from which former
     record, so a run made before a change that moved no number counts as current again; when they differ the file
     is left as it is. ``device``: run there instead of the recorded one (numbers then rarely agree exactly).
-    Returns ``{path, status: 'reproduced' | 'differs', differences, seconds}``."""
+    The run goes through a resumable folder (``partial_dir``'s root, ``reproduce-<config hash>``): an interrupted
+    reproduction resumes where it stopped. Returns ``{path, status: 'reproduced' | 'differs', differences,
+    seconds}``."""
     import time
 
     from .build import code_record
@@ -523,7 +525,10 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
     if device is not None:
         cfg = dataclasses.replace(cfg, device=device)
     t0 = time.perf_counter()
-    fresh = grid_summary(run_experiment(cfg), cfg)
+    partial = partial_dir(cfg)
+    partial = partial.with_name(f"reproduce-{partial.name}")
+    fresh = grid_summary(run_experiment(cfg, out=partial), cfg)
+    shutil.rmtree(partial, ignore_errors=True)
     measured = _measured(summary)  # what it measured; a summary stored before a field existed lacks it
     differences = _differences(measured, {k: v for k, v in _measured(fresh).items() if k in measured}, atol)
     seconds = round(time.perf_counter() - t0, 1)

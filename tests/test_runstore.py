@@ -264,6 +264,27 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
 
 
+def test_reproduce_runs_several_stale_runs_in_worker_processes_through_resumable_folders(tmp_path, capsys,
+                                                                                          monkeypatch, reference):
+    from ftta_core.cli import main
+
+    monkeypatch.setenv("FTTA_PARTIAL_DIR", str(tmp_path / "partial"))
+    results, paths = tmp_path / "results", []
+    for seed in (0, 1):
+        cfg = ExperimentConfig(**SMALL, local="bn", strategy="fedavg", seed=seed, smoke=True)
+        run_grid(cfg, {"fedavg": {}}, [seed], results_dir=results, progress=False)
+        paths.append(results / f"{config_key(cfg)}.json")
+        stored = json.loads(paths[-1].read_text())
+        stored["code"]["definitions"]["ftta_core.strategies.basic"]["FedAvg"] = "0" * 16
+        paths[-1].write_text(json.dumps(stored))
+    assert main(["reproduce", "--workers", "2", *map(str, paths)]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert sorted(r["path"] for r in out) == sorted(map(str, paths)) and {r["status"] for r in out} == {"reproduced"}
+    assert all(run_status(read_summary(p)) == "current" for p in paths)
+    assert not list((tmp_path / "partial").glob("*"))  # each resumable folder is removed once its run is compared
+    assert main(["reproduce", "--workers", "0", str(paths[0])]) == 2
+
+
 def test_every_committed_run_is_read_by_the_store():
     table = scan_table([Path(__file__).resolve().parents[1] / "figures"])
     assert len(table) > 900
