@@ -409,8 +409,9 @@ fig.suptitle("mean ± 1 sd over seeds (open marker: one seed); (c) uses the key 
 # ## The temperature with the reference clients' probes and EMA (digits)
 # FedCTTA's W depends on how the clients normalise the probes (`probe_bn`: ours by default with the statistics of the
 # client's real batch at this step; the reference clients in eval mode, i.e. under TTA-bn with the statistics of the
-# previous aggregation) and on whether the server smooths the probe statistics (EMA 0.9 in the reference code, none
-# in the paper). One line per setting across temperatures, on the stream above: (a) accuracy, with FedAvg dashed and
+# previous aggregation), on whether all clients share one probe set (the paper) or draw their own every step (the
+# reference code) and on whether the server smooths the probe statistics (EMA 0.9 in the reference code, none in the
+# paper); the last setting is the reference code's. One line per setting across temperatures, on the stream above: (a) accuracy, with FedAvg dashed and
 # Local dotted; (b) W's mean self-weight, with FedAvg's 1/N dashed.
 
 # %%
@@ -425,7 +426,7 @@ axes[0].get_legend() and axes[0].get_legend().remove()  # one key, beside the ri
 plots.accuracy_curve(probe_grid, "temperature", y="self weight", hue="setting", ax=axes[1], log_x=True)
 axes[1].axhline(1 / clients, color="gray", ls="--", lw=1)
 axes[1].set(ylabel="W's mean self-weight", title="(b) self-weight")
-display(Markdown(probe_temperature_reading(probe_grid, refs.to_dict())))
+display(Markdown(probe_temperature_reading(probe_grid, refs.to_dict(), clients)))
 
 # %% [markdown]
 # ## Reading it

@@ -293,14 +293,17 @@ def test_probe_temperature_grid_names_settings_and_reads_self_weight(tiny_cfg):
     from ftta_core.fedctta.study import PROBE_SETTINGS, probe_temperature_grid, probe_temperature_reading
 
     grid = probe_temperature_grid(tiny_cfg, [1, 10], [0])
-    assert set(grid.setting) == set(PROBE_SETTINGS) and set(grid.temperature) == {1.0, 10.0} and len(grid) == 8
+    assert set(grid.setting) == set(PROBE_SETTINGS) and set(grid.temperature) == {1.0, 10.0} and len(grid) == 10
     assert grid["self weight"].between(0, 1).all()
     flat = grid[grid.setting == "client statistics"].set_index("temperature")["self weight"]
     assert flat[10.0] < flat[1.0]  # a higher temperature flattens W
     fedavg = live_grid(tiny_cfg, {"fedavg": Variant("fedavg")}, [0])
     assert fedavg["self weight"].item() == pytest.approx(1 / tiny_cfg.clients)
-    text = probe_temperature_reading(grid, {"fedavg": fedavg.accuracy.item()})
-    assert text.count("the best temperature here is") == 4 and text.count("the EMA moves accuracy") == 2
+    text = probe_temperature_reading(grid, {"fedavg": fedavg.accuracy.item()}, tiny_cfg.clients)
+    assert text.count("the best temperature here is") == 5 and text.count("the EMA moves accuracy") == 2
+    # under TTA-bn, probes in eval mode see the last mix's statistics: shared probes give every client the same
+    # output, so W stays uniform (FedAvg) from the first step on
+    assert "eval mode**: T = 1 gives" in text and "W is uniform mixing" in text.split("eval mode**")[1].split("\n")[0]
 
 
 def test_reading_states_the_computed_numbers():

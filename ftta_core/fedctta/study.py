@@ -190,9 +190,12 @@ def temperature_variants(temperatures: Sequence[float], prefix: str = "",
             for t in temperatures}
 
 
-# how the clients normalise the probes and whether the server smooths their statistics: ours, the reference code's
+# how the clients normalise the probes, whether every client draws its own, and whether the server smooths their
+# statistics: ours (the paper's shared noise, no EMA), and step by step to the reference code's (last entry)
 PROBE_SETTINGS = {"client statistics": {}, "client statistics, EMA 0.9": {"ema": 0.9},
-                  "eval mode": {"probe_bn": "eval"}, "eval mode, EMA 0.9 (reference code)": {"probe_bn": "eval", "ema": 0.9}}
+                  "eval mode": {"probe_bn": "eval"}, "eval mode, EMA 0.9": {"probe_bn": "eval", "ema": 0.9},
+                  "eval mode, per-client probes, EMA 0.9": {"probe_bn": "eval", "probes": "per_client", "ema": 0.9}}
+REFERENCE_PROBES = "eval mode, per-client probes, EMA 0.9"  # rajibrhasan/FedCTTA's clients and server
 
 
 def probe_temperature_grid(base: ExperimentConfig, temperatures: Sequence[float], seeds: Sequence[int],
@@ -208,29 +211,34 @@ def probe_temperature_grid(base: ExperimentConfig, temperatures: Sequence[float]
     return grid.assign(setting=parts.str[0], temperature=parts.str[1].astype(float))
 
 
-def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], tie: float = 0.5) -> str:
+def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], n_clients: int,
+                              tie: float = 0.5) -> str:
     """What the (probe setting x temperature) curve says, computed: per setting, accuracy and self-weight at T = 1
-    and the best temperature; the EMA's effect at T = 1 within each probe normalisation (``tie`` points read as
-    equal); where FedAvg (``refs['fedavg']``) stands."""
+    (and whether W is then uniform mixing, self-weight 1/N to 3 decimals) and the best temperature; the EMA's effect
+    at T = 1 for each setting that is also run without it (``tie`` points read as equal); the distance to FedAvg
+    (``refs['fedavg']``)."""
     means = grid.groupby(["setting", "temperature"])[["accuracy", "self weight"]].mean()
+    settings = list(dict.fromkeys(grid["setting"]))
     lines = []
-    for setting, rows in means.groupby(level="setting", sort=False):
-        rows = rows.droplevel("setting")
+    for setting in settings:
+        rows = means.loc[setting]
         best = rows["accuracy"].idxmax()
-        at1 = rows.loc[1.0] if 1.0 in rows.index else None
-        text = f"- **{setting}**: "
-        if at1 is not None:
-            text += f"T = 1 gives {at1['accuracy']:.2f}% with self-weight {at1['self weight']:.2f}; "
+        text = f"- **{setting}**{' (the reference code)' if setting == REFERENCE_PROBES else ''}: "
+        if 1.0 in rows.index:
+            at1 = rows.loc[1.0]
+            text += f"T = 1 gives {at1['accuracy']:.2f}% with self-weight {at1['self weight']:.3f}"
+            text += (" — W is uniform mixing, i.e. FedAvg; " if abs(at1["self weight"] - 1 / n_clients) < 1e-3
+                     else "; ")
         text += (f"the best temperature here is {best:g} ({rows.loc[best, 'accuracy']:.2f}%, self-weight "
-                 f"{rows.loc[best, 'self weight']:.2f})")
+                 f"{rows.loc[best, 'self weight']:.3f})")
         if "fedavg" in refs:
             text += f", {rows.loc[best, 'accuracy'] - refs['fedavg']:+.2f} points from FedAvg"
         lines.append(text + ".")
-    for plain in ("client statistics", "eval mode"):
-        with_ema = next((s for s in means.index.levels[0] if s.startswith(plain + ", EMA")), None)
-        if with_ema and (plain, 1.0) in means.index and (with_ema, 1.0) in means.index:
-            d = means.loc[(with_ema, 1.0), "accuracy"] - means.loc[(plain, 1.0), "accuracy"]
-            lines.append(f"- At T = 1 the EMA moves accuracy by {d:+.2f} points with {plain} probes ("
+    for setting in settings:
+        with_ema = f"{setting}, EMA 0.9"
+        if with_ema in settings and (setting, 1.0) in means.index and (with_ema, 1.0) in means.index:
+            d = means.loc[(with_ema, 1.0), "accuracy"] - means.loc[(setting, 1.0), "accuracy"]
+            lines.append(f"- At T = 1 the EMA moves accuracy by {d:+.2f} points with {setting} ("
                          + ("within" if abs(d) <= tie else "beyond") + f" the {tie} tie band).")
     return "\n".join(lines)
 
