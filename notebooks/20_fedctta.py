@@ -202,6 +202,17 @@ display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", 
 display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]
+# Each probe normalisation against FedAvg under TTA-bn, paired by seed, with W's mean shares where the stored runs
+# kept them (older summaries did not). In eval mode every client normalises the shared probes with the statistics of
+# the last mix; the case study's W (Figs. 3-4 below) and the digits curve at the end of this notebook show what W then
+# does.
+
+# %%
+probe_contrast = fidelity.fedctta_probe_contrast(results_dir, seeds=cifar_seeds)
+display(tables.show(probe_contrast.set_index(["setting", "FedCTTA"]), best=None))
+display(Markdown(fidelity.probe_contrast_reading(probe_contrast)))
+
+# %% [markdown]
 # ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
 # Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
 # summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs

@@ -126,3 +126,26 @@ def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired
     assert rows.loc[("grad-running-adam (BN running, adam)", "iid"), "seeds"] == 0
     assert set(rows.index.get_level_values(0)) == {"grad-running (BN running, sgd)",
                                                     "grad-running-adam (BN running, adam)"}
+
+
+def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_reads_w_shares(tmp_path):
+    from ftta_core.fidelity import fedctta_probe_contrast, probe_contrast_reading
+    from ftta_core.runstore import read_summary
+
+    for seed in (0, 1):
+        _store(tmp_path, "bn", "niid", "fedavg", seed, 66.0 + seed)
+        _store(tmp_path, "bn", "niid", "fedctta", seed, 71.0 + seed)
+        _store(tmp_path, "bn", "niid", "fedctta", seed, 66.0 + seed, {"probe_bn": "eval"})
+    for path in tmp_path.glob("*.json"):  # the eval runs kept W's shares: uniform mixing
+        summary = read_summary(path)
+        if summary["config"]["strategy_params"]:
+            store_summary(path, {**summary, "weight_shares": {"self": 0.05, "same domain": 0.2,
+                                                              "uniform same-domain": 0.2}})
+    table = fedctta_probe_contrast(tmp_path, settings=("niid",)).set_index("FedCTTA")
+    assert table.loc["FedCTTA (probe_bn=client)", "minus FedAvg"] == pytest.approx(5.0)
+    assert table.loc["FedCTTA (probe_bn=eval)", "minus FedAvg"] == pytest.approx(0.0)
+    assert table.loc["FedCTTA (probe_bn=eval)", "W self"] == pytest.approx(0.05)
+    assert table.loc["FedCTTA (probe_bn=client)", "runs with W's shares"] == 0
+    text = probe_contrast_reading(table.reset_index()).splitlines()
+    assert "above FedAvg beyond the 0.5 tie band" in text[0] and "W keeps" not in text[0]
+    assert "equal to FedAvg within the 0.5 tie band" in text[1] and "uniform mixing: 0.050" in text[1]
