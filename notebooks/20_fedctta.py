@@ -77,7 +77,8 @@ from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, per_domain_table, read_stored,
                                stored_summaries, summary_config, sweep_reading)
-from ftta_core.fedctta.clusters import MEET_SLOT, cluster_reading, cluster_table
+from ftta_core.fedctta.clusters import (MEET_SLOT, cluster_reading, cluster_table, departure_reading,
+                                        uniform_departure)
 from ftta_core.scenarios import CASE_STUDY_GROUPS
 
 torch.set_num_threads(1)
@@ -291,6 +292,9 @@ if fig34:
     clusters = cluster_table(all_case_runs)
     display(tables.show(clusters.rename(index=case_label).T, digits=3, best=None))
     display(Markdown(cluster_reading(clusters, case_label)))
+    if CASE_EVAL in all_case_runs:  # W of the stored run (float32), against uniform mixing step by step
+        display(Markdown(departure_reading(case_label(CASE_EVAL),
+                                           uniform_departure(all_case_runs[CASE_EVAL].collaboration, case_slot))))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
 

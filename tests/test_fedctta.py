@@ -310,3 +310,16 @@ def test_case_study_clusters_are_read_against_uniform_mixing_and_the_meeting_slo
     text = cluster_reading(table).splitlines()
     assert "equal to uniform" in text[0] and "the same in every slot" in text[0]
     assert "above uniform mixing" in text[1] and "as the paper's Fig. 4 says" in text[1]
+
+
+def test_uniform_departure_finds_the_step_where_w_leaves_uniform_mixing():
+    import numpy as np
+
+    from ftta_core.fedctta.clusters import departure_reading, uniform_departure
+
+    w = np.full((6, 4, 4), 0.25)
+    w[4:, 0, :] = [0.4, 0.2, 0.2, 0.2]  # W leaves uniform mixing at step 4
+    table = uniform_departure(w, slot_steps=2)
+    assert list(table["largest |W - 1/N|"].round(6)) == [0.0, 0.0, 0.15] and (table["first step above"] == 4).all()
+    assert "first exceeds 0.001 at step 4" in departure_reading("x", table)
+    assert "it is FedAvg" in departure_reading("y", uniform_departure(np.full((4, 4, 4), 0.25), slot_steps=2))

@@ -86,3 +86,27 @@ def cluster_reading(table: pd.DataFrame, label: Callable[[str], str] = str) -> s
             f"{meet:.3f} in the slot where they see its corruption, {rest:.3f} in the others (uniform "
             f"{r['uniform on 8-10']:.2f}); {turn}.")
     return "\n".join(lines)
+
+
+def uniform_departure(weights: np.ndarray, slot_steps: int, threshold: float = 1e-3) -> pd.DataFrame:
+    """How far W [T, N, N] is from uniform mixing (every entry 1/N), per slot: the largest |W_ij - 1/N| in the
+    slot, and the first step at which it exceeds ``threshold`` (``first step above``, -1 if never; the same in every
+    row)."""
+    w = np.asarray(weights, dtype=np.float64)
+    dev = np.abs(w - 1.0 / w.shape[1]).max(axis=(1, 2))
+    above = np.flatnonzero(dev > threshold)
+    per_slot = pd.Series(dev).groupby(np.arange(len(dev)) // slot_steps).max()
+    return pd.DataFrame({"slot": per_slot.index + 1, "largest |W - 1/N|": per_slot.values,
+                         "first step above": int(above[0]) if len(above) else -1})
+
+
+def departure_reading(name: str, table: pd.DataFrame, threshold: float = 1e-3) -> str:
+    """One sentence from ``uniform_departure``: whether and when W leaves uniform mixing, and how far it gets."""
+    first = int(table["first step above"].iloc[0])
+    largest = table["largest |W - 1/N|"]
+    if first < 0:
+        return (f"{name}: W stays within {threshold:g} of uniform mixing at every step (largest departure "
+                f"{largest.max():.1e}): it is FedAvg.")
+    return (f"{name}: W's largest departure from uniform mixing is {largest.iloc[0]:.1e} in slot 1 and first exceeds "
+            f"{threshold:g} at step {first}; per slot it then reaches "
+            + ", ".join(f"{v:.3f}" for v in largest.iloc[1:]) + ".")
