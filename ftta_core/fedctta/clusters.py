@@ -109,4 +109,4 @@ def departure_reading(name: str, table: pd.DataFrame, threshold: float = 1e-3) -
                 f"{largest.max():.1e}): it is FedAvg.")
     return (f"{name}: W's largest departure from uniform mixing is {largest.iloc[0]:.1e} in slot 1 and first exceeds "
             f"{threshold:g} at step {first}; per slot it then reaches "
-            + ", ".join(f"{v:.3f}" for v in largest.iloc[1:]) + ".")
+            + ", ".join(f"{v:.2g}" for v in largest.iloc[1:]) + ".")
