@@ -242,27 +242,32 @@ display(tables.show(beside_per_corruption(table2, "fedctta_table2", dataset="cif
 # accuracy of all ten clients per slot, ours and the paper's; the mean is over the slots both have.
 
 # %%
-CASE_EVAL = "fedctta@probe_bn=eval"  # the reference clients' probes (eval mode: the last aggregation's statistics)
-case_label = lambda s: {CASE_EVAL: "FedCTTA, eval-mode probes"}.get(s, METHOD_LABELS.get(s, s))  # noqa: E731
-all_case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta", CASE_EVAL])
-case_runs = {s: r for s, r in all_case_runs.items() if s != CASE_EVAL}
+# FedCTTA as the reference clients normalise the probes (eval mode: under TTA-bn the last aggregation's statistics),
+# with the paper's shared noise and no EMA; and as the reference code runs it (each client its own noise, EMA 0.9)
+CASE_VARIANTS = {"fedctta@probe_bn=eval": "FedCTTA, eval-mode probes",
+                 "fedctta@probe_bn=eval,probes=per_client,ema=0.9": "FedCTTA, the reference code's probes"}
+case_label = lambda s: CASE_VARIANTS.get(s, METHOD_LABELS.get(s, s))  # noqa: E731
+all_case_runs = read_stored(Path(case_study_dir), ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta", *CASE_VARIANTS])
+case_runs = {s: r for s, r in all_case_runs.items() if s not in CASE_VARIANTS}
 if case_runs:
     display(tables.show(beside_fedctta_table3(case_runs)))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
 
 # %% [markdown]
-# The same table with FedCTTA's probes normalised as the reference clients do (`probe_bn="eval"`, stored by
-# `case-study --orders fedctta --strategies fedctta@probe_bn=eval --out ...`) standing in FedCTTA's row, and the order
-# of the methods it gives:
+# The same table with FedCTTA's probes handled as the reference clients do standing in FedCTTA's row: eval mode
+# (`fedctta@probe_bn=eval`), and the reference code's whole handling (`fedctta@probe_bn=eval,probes=per_client,
+# ema=0.9`), each stored by `case-study --orders fedctta --strategies SPEC --out ...`; and the order of the methods
+# each gives:
 
 # %%
-if CASE_EVAL in all_case_runs and case_runs:
-    table3_eval = beside_fedctta_table3({**case_runs, "fedctta": all_case_runs[CASE_EVAL]})
-    display(tables.show(table3_eval))
-    display(Markdown("With eval-mode probes: " + case_study_order(table3_eval)))
-else:
-    print(f"no stored {CASE_EVAL} run under {case_study_dir}: run the command above")
+for spec, label in CASE_VARIANTS.items():
+    if spec in all_case_runs and case_runs:
+        table3_variant = beside_fedctta_table3({**case_runs, "fedctta": all_case_runs[spec]})
+        display(tables.show(table3_variant, caption=f"FedCTTA's row: {label}"))
+        display(Markdown(f"With {label[len('FedCTTA, '):]}: " + case_study_order(table3_variant)))
+    else:
+        print(f"no stored {spec} run under {case_study_dir}: run the command above")
 
 # %% [markdown]
 # ## Figs. 3-4: the case study's collaboration matrices
@@ -273,7 +278,7 @@ else:
 # row over time; then the shares each run gives, beside uniform mixing (`fedctta.clusters`).
 
 # %%
-fig34 = [s for s in ["pfedgraph", "fedtsa", "fedctta", CASE_EVAL] if s in all_case_runs]
+fig34 = [s for s in ["pfedgraph", "fedtsa", "fedctta", *CASE_VARIANTS] if s in all_case_runs]
 if fig34:
     case_cfg = summary_config(all_case_runs[fig34[0]].summary)
     case_slot = case_cfg.images_per_client // case_cfg.batch_size
@@ -292,9 +297,9 @@ if fig34:
     clusters = cluster_table(all_case_runs)
     display(tables.show(clusters.rename(index=case_label).T, digits=3, best=None))
     display(Markdown(cluster_reading(clusters, case_label)))
-    if CASE_EVAL in all_case_runs:  # W of the stored run (float32), against uniform mixing step by step
-        display(Markdown(departure_reading(case_label(CASE_EVAL),
-                                           uniform_departure(all_case_runs[CASE_EVAL].collaboration, case_slot))))
+    for spec in [s for s in CASE_VARIANTS if s in all_case_runs]:  # W (float32) against uniform mixing, per step
+        display(Markdown(departure_reading(case_label(spec),
+                                           uniform_departure(all_case_runs[spec].collaboration, case_slot))))
 else:
     print(f"no stored case study under {case_study_dir}: run the command above")
 
