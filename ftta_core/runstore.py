@@ -384,8 +384,9 @@ def _git_dir() -> Optional[Path]:
     return dot_git if dot_git.is_dir() else None
 
 
-@lru_cache(maxsize=1)
 def _git_commit() -> Optional[str]:
+    """The commit the checkout is at now (read on every call, a few bytes: a long-lived process, e.g. a notebook
+    kernel or a test session, records the commit of each run it stores, not the one it saw first); None outside git."""
     git_dir = _git_dir()
     if git_dir is None:
         return None

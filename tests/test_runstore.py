@@ -290,3 +290,20 @@ def test_every_committed_run_is_read_by_the_store():
     assert len(table) > 900
     assert set(table.status) <= {"current", "stale", "unrecorded"}  # nothing unreadable or unfinished
     assert {"summary-file", "run-folder", "record"} <= set(table.layout)
+
+
+def test_the_recorded_commit_follows_head_within_one_process(tmp_path, monkeypatch):
+    """A process that stores runs while commits land (a kernel, a test session) records each run's commit."""
+    from ftta_core import runstore
+
+    git = tmp_path / ".git"
+    (git / "refs" / "heads").mkdir(parents=True)
+    (git / "HEAD").write_text("ref: refs/heads/main\n")
+    (git / "refs" / "heads" / "main").write_text("a" * 40 + "\n")
+    monkeypatch.setattr(runstore, "_git_dir", lambda: git)
+    assert runstore._git_commit() == "a" * 40
+    (git / "refs" / "heads" / "main").write_text("b" * 40 + "\n")  # a commit lands
+    assert runstore._git_commit() == "b" * 40
+    (git / "refs" / "heads" / "main").unlink()
+    (git / "packed-refs").write_text("# pack-refs\n" + "c" * 40 + " refs/heads/main\n")
+    assert runstore._git_commit() == "c" * 40
