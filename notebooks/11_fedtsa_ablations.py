@@ -18,7 +18,8 @@
 #
 # **Paper:** FedTSA (KDD'24), Sec. 5.3-5.4 and App. B. Everything here runs on the CIFAR-10-C protocol of Table 1
 # (20 clients, batch 10, 500 images per client and corruption, severity 5, 50-step slots; `10_fedtsa`), TTA-bn by
-# default, and stores one summary per run under `results_dir` (re-running reads them back; `compute=False` only reads).
+# default, and stores one summary per run under `results_dir` (re-running reads them back; `compute=False`, the default,
+# only reads; smoke mode always runs).
 # - **Fig 3**: FedTSA's variants: `S-sim` (W = softmax of the current indicators' cosine similarity, untrained),
 #   `TS-sim` (the identity-initialised TS-Block, untrained), `w/o time` (no temporal attention), `w/o aug`
 #   (lambda = 0), and the full method, NIID and IID.
@@ -60,7 +61,7 @@ seeds = [0]
 results_dir = "../figures/fedtsa_ablations/runs"
 table1_runs = "../figures/fedtsa_table1/runs"  # Table 2 reads the IID protocol runs of Table 1 stored there
 figure_dir = "../figures/fedtsa_ablations"
-compute = True  # False: show only the runs already stored
+compute = False  # True: run the missing runs here (or plan them: FTTA_PLAN); False: show only the runs already stored
 sh_values = [0.05, 0.2, 0.5, 0.75]
 th_values = [0.01, 0.02, 0.05, 0.1]
 windows = [1, 3, 5, 10, 20]
@@ -86,6 +87,7 @@ from ftta_core.workbook import (difference_phrase, heterogeneity_sweep, mean_std
 
 style.use()
 smoke = smoke_mode(smoke)
+compute = compute or smoke  # smoke mode runs its small grids in a temporary folder
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
     seeds, sh_values, th_values, windows, lambdas = [0], [0.5], [0.2], [1, 5], [0.0, 1.0]

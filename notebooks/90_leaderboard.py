@@ -20,7 +20,8 @@
 # common protocol (the FedTSA CIFAR-10-C protocol of `10_fedtsa`: 20 clients, batch 10, 500 images per client and
 # corruption, severity 5, 50-step slots; NIID and IID), over several seeds, so one table shows which combinations win
 # and by how much, with 95% confidence intervals over seeds. Runs are stored under `results_dir` and read back, so
-# the board fills in as runs are added (`compute=False` shows only what is stored).
+# the board fills in as runs are added (`compute=False`, the default, shows only what is stored; `-p compute=True` runs
+# the missing ones, GPU-hours for the full board; smoke mode always runs its small board).
 #
 # The second part asks what each method's uploads reveal: bytes per client per step, and how well the server could
 # guess a client's current corruption from one upload (a probing classifier, `ftta_core.leakage`).
@@ -36,7 +37,7 @@ strategies = ["local", "fedavg", "fedavgm", "fedprox", "fedamp", "pfedgraph", "l
 results_dir = "../figures/leaderboard/runs"
 table1_runs = "../figures/fedtsa_table1/runs"  # same configs as the bn and tent rows: read, never written
 figure_dir = "../figures/leaderboard"
-compute = True
+compute = False  # True: run the board's missing runs (the full board needs a GPU)
 leakage_steps = 150  # steps of the stream the leakage probe records (20 clients each)
 participation_rates = [1.0, 0.8, 0.5, 0.2]
 participation_strategies = ["local", "fedavg", "fedavgm", "fedamp", "pfedgraph", "fedtsa", "fedctta"]
@@ -64,6 +65,7 @@ from ftta_core.workbook import run_strategy_grid
 
 style.use()
 smoke = smoke_mode(smoke)
+compute = compute or smoke  # smoke mode runs its small board in a temporary folder
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
     seeds, locals_, strategies, leakage_steps = [0, 1], ["bn", "tent"], ["local", "fedavg", "fedctta"], 12
