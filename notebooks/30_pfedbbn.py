@@ -312,13 +312,16 @@ else:
     t_dir, t_variants, t_alphas, t_seeds = temperature_dir, None, list(temperature.ALPHAS), temperature_seeds
     t_steps = temperature.HELD_OUT_STEPS
 only_stored = not (compute or smoke)
+t_also = [] if smoke else [results_dir]  # the Table 1 grid's runs (T = 1, BBN alone, FedAvg + BBN): read, never written
 t_settings = [k for k in (t_variants or temperature.temperature_variants()) if k.startswith("T=")]
 held_out = temperature.temperature_grid(t_base, [temperature.HELD_OUT_SEED], t_alphas,
                                         {k: v for k, v in (t_variants or temperature.temperature_variants()).items()
                                          if k in t_settings},
-                                        results_dir=t_dir, only_cached=only_stored, max_steps=t_steps)
+                                        results_dir=t_dir, only_cached=only_stored, also_read=t_also,
+                                        max_steps=t_steps)
 reported = temperature.temperature_grid(t_base, t_seeds, t_alphas, t_variants, results_dir=t_dir,
-                                        only_cached=only_stored, max_steps=t_steps if smoke else None)
+                                        only_cached=only_stored, also_read=t_also,
+                                        max_steps=t_steps if smoke else None)
 print(f"stored: {len(held_out)} held-out runs, {len(reported)} reported runs (seeds {t_seeds})")
 if len(held_out):
     chosen = temperature.select_setting(held_out, t_settings)
