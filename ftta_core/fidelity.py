@@ -15,8 +15,9 @@ import pandas as pd
 
 from .fedtsa.table1 import GRAD_CELLS, stored_table1_runs
 from .paper import METHOD_LABELS, TTA_SETTINGS, paper_table
+from .plan import REPO_DIR
 
-RESULTS_DIR = "figures/fedtsa_table1/runs"
+RESULTS_DIR = REPO_DIR / "figures" / "fedtsa_table1" / "runs"  # in the repository, whatever the working folder
 SEEDS = (0, 1, 2, 3, 4)
 # a strategy variant: (strategy, its parameters); "fedctta (eval)" is FedCTTA with the reference clients' probes
 Variant = Tuple[str, Dict[str, Any]]

@@ -23,14 +23,16 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from ..experiment import ExperimentConfig
+from ..plan import REPO_DIR
 
 TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
 ALPHAS = (0.1, 0.01)
 HELD_OUT_SEED = 100
 HELD_OUT_STEPS = 25  # the held-out stream's first 25 of 75 rounds (5 of the 15 corruptions): W's shares, not accuracy
-RESULTS_DIR = "figures/pfedbbn/runs/temperature"
-GRID_DIR = "figures/pfedbbn/runs"  # pFedBBN's Table 1 grid: read for runs it already has (T = 1, references)
+# in the repository, whatever the working folder (a notebook runs in notebooks/)
+RESULTS_DIR = REPO_DIR / "figures" / "pfedbbn" / "runs" / "temperature"
+GRID_DIR = REPO_DIR / "figures" / "pfedbbn" / "runs"  # pFedBBN's Table 1 grid: read for its runs (T = 1, references)
 SHARE_COLUMNS = ("self", "same domain", "other domains", "uniform same-domain")
 
 
