@@ -469,10 +469,31 @@ def _add_run_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch threads per worker (default: CPU cores / workers)")
     p.add_argument("--deadline-s", type=float, dest="deadline_s",
                    help="start no job after this many seconds (running ones finish)")
+    p.add_argument("--pending", action="store_true",
+                   help="run nothing: print each job that still has runs to make (one line each) and the total")
     from .ray_plan import add_ray_option
 
     add_ray_option(p)  # --ray ADDRESS, --ray-gpus F
     p.set_defaults(func=cmd_run_plan)
+
+
+def _print_pending(jobs: Sequence[Any]) -> int:
+    """``run-plan --pending``: the jobs with runs still to make (stored runs made by changed code count only under
+    ``FTTA_RERUN_STALE``), one line each, and the total."""
+    from .plan_runner import pending_runs
+
+    total = 0
+    for job in jobs:
+        n = pending_runs(job)
+        if n:
+            c = job.config
+            params = ",".join(f"{k}={v}" for k, v in {**c.get("local_params", {}), **c.get("strategy_params", {})}.items())
+            print(f"{n} run(s): {c['local']}/{c['scenario']}/{'+'.join(job.strategies) or c['strategy']}"
+                  f"{' ' + params if params else ''} seed {c['seed']}" + (f" alpha {c['label_alpha']}"
+                                                                          if c.get("label_alpha") is not None else ""))
+            total += n
+    print(f"{total} run(s) pending in {len(jobs)} jobs")
+    return 0
 
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
@@ -482,6 +503,8 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     if not args.plan.is_file():
         raise SystemExit(f"plan file '{args.plan}' does not exist (make one with FTTA_PLAN={args.plan} ...)")
     jobs = read_plan(args.plan)
+    if args.pending:
+        return _print_pending(jobs)
     where = f"Ray cluster {args.ray}" if args.ray else f"{args.workers} workers"
     print(f"{len(jobs)} planned jobs, {where}", flush=True)
     done = plan_executor(args)(jobs, workers=args.workers, deadline_s=args.deadline_s, threads=args.threads,

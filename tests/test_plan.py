@@ -91,3 +91,17 @@ def test_a_job_another_process_is_running_is_left_to_it_not_failed(tmp_path, mon
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_run_plan_pending_lists_the_jobs_left_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    plan = tmp_path / "plan.jsonl"
+    monkeypatch.setenv(PLAN_ENV, str(plan))
+    run_grid(BASE, {"local": {"strategy": "local"}, "fedavg": {"strategy": "fedavg"}}, [0], results_dir=tmp_path / "runs")
+    monkeypatch.delenv(PLAN_ENV)
+    assert main(["run-plan", str(plan), "--pending"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "2 run(s) pending in 2 jobs" and any("bn/fedtsa_niid/fedavg seed 0" in line for line in out)
+    assert not (tmp_path / "runs").exists()  # nothing ran
+    run_grid(BASE, {"local": {"strategy": "local"}}, [0], results_dir=tmp_path / "runs", progress=False)
+    assert main(["run-plan", str(plan), "--pending"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "1 run(s) pending in 2 jobs"
