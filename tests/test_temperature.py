@@ -65,3 +65,38 @@ def test_rule_makes_no_choice_until_every_setting_has_its_held_out_run():
             {"alpha": 0.1, "variant": "FedAvg + BBN", "seed": 0, "accuracy": 59.0}]
     claims = pfedbbn_claims(pd.DataFrame(rows), chosen.reset_index())
     assert claims and not [c for c in claims if c["claim"].endswith("alpha 0.1")]  # no choice at alpha 0.1: no claim
+
+
+def test_stored_claims_read_each_alpha_whose_held_out_runs_are_complete(tmp_path):
+    """The claims of an alpha are read as soon as its ten held-out runs are stored, whatever the other alpha lacks."""
+    import dataclasses
+
+    from ftta_core.pfedbbn.imbalance import pfedbbn_config
+    from ftta_core.pfedbbn.temperature import (HELD_OUT_STEPS, bbn_base, reference_variants, stored_claims)
+    from ftta_core.runstore import store_summary
+    from ftta_core.workbook import config_key
+
+    base = pfedbbn_config(dataset="cifar10")
+    study, grid = tmp_path / "temperature", tmp_path / "grid"
+
+    def store(folder, alpha, variant, seed, accuracy, same, max_steps=None):
+        cfg = dataclasses.replace(bbn_base(base, alpha, max_steps), **variant, seed=seed)
+        store_summary(folder / f"{config_key(cfg)}.json",
+                      {"accuracy": accuracy, "config": cfg.to_dict(),
+                       "weight_shares": {"self": 0.3, "same domain": same, "other domains": 0.7 - same,
+                                         "uniform same-domain": 0.16}})
+
+    variants = temperature_variants()
+    for k, (name, variant) in enumerate(variants.items()):
+        store(study, 0.01, variant, HELD_OUT_SEED, 50.0, 0.30 if name == setting_name(2, "none") else 0.1 + k / 100,
+              HELD_OUT_STEPS)
+    store(study, 0.1, variants[setting_name(1, "none")], HELD_OUT_SEED, 50.0, 0.2, HELD_OUT_STEPS)  # 1 of 10
+    store(study, 0.01, variants[setting_name(2, "none")], 0, 68.0, 0.26)
+    refs = reference_variants()
+    store(grid, 0.01, refs["BBN alone"], 0, 64.0, 0.0)
+    store(grid, 0.01, refs["FedAvg + BBN"], 0, 67.0, 0.0)
+    rows = {r["claim"]: r for r in stored_claims(study, grid)}
+    assert set(rows) == {"pFedBBN above BBN alone, alpha 0.01", "pFedBBN above FedAvg + BBN, alpha 0.01",
+                         "pFedBBN's W clusters by domain (same-domain share minus uniform, in points), alpha 0.01"}
+    assert rows["pFedBBN above BBN alone, alpha 0.01"]["ours"] == pytest.approx(4.0)
+    assert stored_claims(tmp_path / "empty", grid) == []

@@ -170,14 +170,14 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
 
 def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = GRID_DIR,
                   seeds: Sequence[int] = (0, 1, 2), tie: float = 0.5) -> List[Dict[str, Any]]:
-    """``pfedbbn_claims`` from the study's stored runs on pFedBBN's full protocol (nothing runs); [] while the
-    held-out runs the rule reads are not all stored."""
+    """``pfedbbn_claims`` from the study's stored runs on pFedBBN's full protocol (nothing runs), for each alpha whose
+    held-out runs are all stored (``select_setting`` makes no choice for the others)."""
     from .imbalance import pfedbbn_config
 
     base = pfedbbn_config(dataset="cifar10")
     held = temperature_grid(base, [HELD_OUT_SEED], ALPHAS, temperature_variants(), results_dir, True, (grid_dir,),
                             HELD_OUT_STEPS)
-    if len(held) < len(ALPHAS) * len(temperature_variants()):
+    if held.empty:
         return []
     reported = temperature_grid(base, seeds, ALPHAS, None, results_dir, True, (grid_dir,))
     return pfedbbn_claims(reported, select_setting(held, list(temperature_variants())), tie)
