@@ -2,6 +2,7 @@
 prediction, whole state mixed), FedCTTA's eval-mode probes and FedAvgM's parameter-only momentum."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -168,6 +169,24 @@ def test_fedctta_eval_probes_under_tta_bn_use_the_previous_aggregation(digits_mo
     want = eng.bank.forward(strat.probe_inputs(1, 3, tuple(phase.x.shape[2:])), "given").logits.mean(1)
     assert torch.allclose(second, want, atol=1e-5)
     assert not torch.allclose(second, first)
+
+
+@pytest.mark.parametrize("backend", ["vectorized", "loop"])
+def test_fedctta_eval_probes_under_tta_bn_with_shared_probes_are_fedavg(digits_model, backend):
+    """Eval-mode probes under TTA-bn see the last mix's statistics: with one shared probe set every client computes
+    the same probe output, so W is uniform mixing from the first step on and FedCTTA predicts as FedAvg; each client's
+    own probes break the tie (the reference code's ``probes='per_client'``)."""
+    batches = shifted_batches(n_clients=3, batch=8, steps=4)
+    runs = {}
+    for name, strat in (("fedavg", build_strategy("fedavg")),
+                        ("shared", build_strategy("fedctta", probe_bn="eval", n_probes=5)),
+                        ("per_client", build_strategy("fedctta", probe_bn="eval", n_probes=5, probes="per_client"))):
+        eng = Engine(digits_model, build_local("bn"), strat, n_clients=3, backend=backend)
+        runs[name] = [eng.step(b) for b in batches]
+    for fedavg, shared in zip(runs["fedavg"], runs["shared"]):
+        assert np.allclose(shared.weights, 1 / 3, atol=1e-6)
+        assert (shared.correct_mixed == fedavg.correct_mixed).all()
+    assert not np.allclose(runs["per_client"][0].weights, 1 / 3, atol=1e-6)
 
 
 def test_reference_code_similarity_forms_by_hand():
