@@ -262,8 +262,6 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
     commit). Stored runs with the same config are read back. Two or more missing strategies without parameters
     share one pass when the local method is stateless (TTA-bn); every other missing run goes alone through
     ``run_experiment``'s resumable folder (``partial_dir``), so an interrupted run resumes where it stopped."""
-    import numpy as np
-
     from .loop import SharedPassError
     from .experiment import run_strategies
 
