@@ -33,6 +33,33 @@ def partial_dir(cfg: ExperimentConfig) -> Path:
     return (Path(root) if root else REPO_DIR / "runs" / "partial") / config_key(cfg)
 
 
+CODE_MARK = "code.json"  # beside a resumable run: the code record it started with
+
+
+def resumable_run(cfg: ExperimentConfig, folder: Path, progress: bool = False) -> Results:
+    """``run_experiment(cfg, out=folder)`` that never mixes code: the record of the code the run starts with is kept
+    beside it (``code.json``), and a run left there (unfinished, or finished but not yet collected) by code that has
+    changed since, or by code not recorded, is cleared and made again instead of resumed or read back (it would be
+    stored as today's). A run during which the code changed raises ``RunStoreError`` and is stored nowhere."""
+    from .build import code_record
+    from .experiment import RunWriter
+    from .runstore import RunLock, RunStoreError
+
+    folder, mark = Path(folder), Path(folder) / CODE_MARK
+    with RunLock(folder):  # the same lock run_experiment takes: never clear a folder another process is running
+        known = json.loads(mark.read_text()) if mark.exists() else None
+        if known is None or stale_modules(known):
+            RunWriter(folder, cfg).clear()
+            known = code_record(cfg.local, cfg.strategy)
+            atomic_write_text(mark, json.dumps(known))
+    res = run_experiment(cfg, out=folder, progress=progress)
+    changed = stale_modules(known)
+    if changed:
+        raise RunStoreError(f"{folder}: the code changed while the run ran ({', '.join(changed[:3])}); nothing was "
+                            "stored, run it again")
+    return res
+
+
 def stored_path(cfg: ExperimentConfig, results_dir: Optional[Path], also_read: Sequence[Path] = ()) -> Optional[Path]:
     """Where ``cfg``'s stored summary is: under ``results_dir``, else in the first of ``also_read`` that has it;
     None if nowhere."""
@@ -76,7 +103,7 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
             continue
         else:
             partial = partial_dir(cfg) if path is not None else None  # resumable while it runs
-            res = run_experiment(cfg, out=partial)
+            res = run_experiment(cfg) if partial is None else resumable_run(cfg, partial)
             summary = grid_summary(res, cfg)
             if keep:
                 kept[(name, seed)] = res
@@ -260,8 +287,8 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
     """Run ``base`` with every strategy (a name, or a ``strategy_spec`` such as ``fedctta@probe_bn=eval``) and keep
     each run under ``out_dir/<spec>/`` (``summary.json``, ``collaboration.npz``, ``slots.csv``: small enough to
     commit). Stored runs with the same config are read back. Two or more missing strategies without parameters
-    share one pass when the local method is stateless (TTA-bn); every other missing run goes alone through
-    ``run_experiment``'s resumable folder (``partial_dir``), so an interrupted run resumes where it stopped."""
+    share one pass when the local method is stateless (TTA-bn); every other missing run goes alone through a
+    resumable folder (``partial_dir``, ``resumable_run``), so an interrupted run resumes where it stopped."""
     from .loop import SharedPassError
     from .experiment import run_strategies
 
@@ -289,7 +316,7 @@ def run_stored(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path,
     for s in missing:
         if s not in fresh:
             partial = partial_dir(cfgs[s])
-            _keep_compact(out_dir / s, run_experiment(cfgs[s], out=partial, progress=progress))
+            _keep_compact(out_dir / s, resumable_run(cfgs[s], partial, progress=progress))
             shutil.rmtree(partial, ignore_errors=True)
     return read_stored(out_dir, strategies)
 
@@ -511,7 +538,7 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
     record, so a run made before a change that moved no number counts as current again; when they differ the file
     is left as it is. ``device``: run there instead of the recorded one (numbers then rarely agree exactly).
     The run goes through a resumable folder (``partial_dir``'s root, ``reproduce-<config hash>``): an interrupted
-    reproduction resumes where it stopped. Returns ``{path, status: 'reproduced' | 'differs', differences,
+    reproduction resumes where it stopped while the code is unchanged (``resumable_run``). Returns ``{path, status: 'reproduced' | 'differs', differences,
     seconds}``."""
     import time
 
@@ -525,7 +552,7 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
     t0 = time.perf_counter()
     partial = partial_dir(cfg)
     partial = partial.with_name(f"reproduce-{partial.name}")
-    fresh = grid_summary(run_experiment(cfg, out=partial), cfg)
+    fresh = grid_summary(resumable_run(cfg, partial), cfg)
     shutil.rmtree(partial, ignore_errors=True)
     measured = _measured(summary)  # what it measured; a summary stored before a field existed lacks it
     differences = _differences(measured, {k: v for k, v in _measured(fresh).items() if k in measured}, atol)

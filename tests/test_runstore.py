@@ -307,3 +307,33 @@ def test_the_recorded_commit_follows_head_within_one_process(tmp_path, monkeypat
     (git / "refs" / "heads" / "main").unlink()
     (git / "packed-refs").write_text("# pack-refs\n" + "c" * 40 + " refs/heads/main\n")
     assert runstore._git_commit() == "c" * 40
+
+
+def test_a_resumable_run_left_by_other_code_is_made_again_not_resumed_or_read_back(tmp_path, monkeypatch):
+    """``workbook.resumable_run``: a run left in the folder (here a finished one, not yet collected) is read back only
+    while the code that made it is unchanged; otherwise, or when its code was not recorded, it is cleared and made
+    again; a run during which the code changed is stored nowhere."""
+    import ftta_core.workbook as workbook
+
+    cfg = ExperimentConfig(**SMALL, local="bn", strategy="fedavg", seed=0, smoke=True)
+    folder = tmp_path / "partial"
+    first = workbook.resumable_run(cfg, folder)
+    mark = json.loads((folder / workbook.CODE_MARK).read_text())
+    assert mark["definitions"] == code_record("bn", "fedavg")["definitions"]
+    summary = folder / "summary.json"
+    stamp = summary.stat().st_mtime_ns
+    again = workbook.resumable_run(cfg, folder)  # same code: read back, not run again
+    assert summary.stat().st_mtime_ns == stamp and again.summary["accuracy"] == first.summary["accuracy"]
+    mark["definitions"]["ftta_core.strategies.basic"]["FedAvg"] = "0" * 16  # as if FedAvg changed since
+    (folder / workbook.CODE_MARK).write_text(json.dumps(mark))
+    workbook.resumable_run(cfg, folder)
+    assert summary.stat().st_mtime_ns != stamp  # made again
+    assert run_status(read_summary(summary)) == "current"
+    stamp = summary.stat().st_mtime_ns
+    (folder / workbook.CODE_MARK).unlink()  # a run whose code was never recorded
+    workbook.resumable_run(cfg, folder)
+    assert summary.stat().st_mtime_ns != stamp and (folder / workbook.CODE_MARK).exists()
+    fresh = tmp_path / "changed"
+    monkeypatch.setattr(workbook, "stale_modules", lambda record: ["ftta_core.strategies.basic:FedAvg"])
+    with pytest.raises(RunStoreError, match="the code changed while the run ran"):
+        workbook.resumable_run(cfg, fresh)
