@@ -131,7 +131,8 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
                    help="also list the runs with this status")
     p.add_argument("--migrate", action="store_true",
                    help="first rewrite records stored with one hash per module as definition records, reading the "
-                        "modules' past sources from git (record_migration); prints what it did as JSON")
+                        "modules' past sources from git, and re-scope study records to what their rule records "
+                        "today (record_migration); prints what it did as JSON")
     p.set_defaults(func=cmd_runs)
 
 

@@ -105,10 +105,10 @@ def leakage_table(collected: CollectedUploads, folds: int = 5) -> pd.DataFrame:
 def stored_leakage_table(cfg: ExperimentConfig, max_steps: Optional[int], folder: Path | str,
                          data_root: Optional[str] = None) -> pd.DataFrame:
     """``leakage_table(collect_uploads(cfg, max_steps))``, stored as ``<folder>/leakage/<config hash>_<steps>.json``
-    with the code record of the run and of this module, and read back while that code is unchanged (a 150-step
-    FedCTTA probe takes minutes); computed and stored when missing or stale."""
-    from .build import code_record
-    from .runstore import code_record_of, read_summary, run_status, store_summary
+    with the code record of the run and of this module's computing definitions (``record_scope``), and read back
+    while that code is unchanged (a 150-step FedCTTA probe takes minutes); computed and stored when missing or
+    stale."""
+    from .runstore import read_summary, run_status, store_summary
     from .workbook import config_key
 
     path = Path(folder) / "leakage" / f"{config_key(cfg)}_{max_steps}.json"
@@ -117,11 +117,30 @@ def stored_leakage_table(cfg: ExperimentConfig, max_steps: Optional[int], folder
         if run_status(stored) == "current":
             return pd.DataFrame(stored["table"]).set_index("upload")
     table = leakage_table(collect_uploads(cfg, max_steps, data_root))
-    record = code_record(cfg.local, cfg.strategy)
-    record["definitions"].update(code_record_of([__name__])["definitions"])
     store_summary(path, {"config": cfg.to_dict(), "max_steps": max_steps,
-                         "table": table.reset_index().to_dict("records"), "code": record})
+                         "table": table.reset_index().to_dict("records"), "code": record_scope(cfg)})
     return table
+
+
+# the definitions of this module that compute a stored leakage table (the rest describes or reads it)
+RECORDED = ("UPLOAD_KINDS", "CollectedUploads", "collect_uploads", "guess_accuracy", "leakage_table")
+
+
+def record_scope(cfg: ExperimentConfig) -> Dict:
+    """The code record of a leakage table of ``cfg`` made now: the run's (``build.code_record``) and this module's
+    ``RECORDED`` definitions (not its storing code, which imports the workbook: an edit of the workbook's run
+    orchestration changes no leakage number)."""
+    from .build import code_record
+    from .runstore import code_record_of
+
+    record = code_record(cfg.local, cfg.strategy)
+    record["definitions"].update(code_record_of([], [f"{__name__}:{name}" for name in RECORDED])["definitions"])
+    return record
+
+
+def is_record(data: object) -> bool:
+    """Whether a stored JSON document is a stored leakage table (as ``stored_leakage_table`` writes it)."""
+    return isinstance(data, dict) and {"config", "max_steps", "table", "code"} <= data.keys()
 
 
 def leakage_reading(table: pd.DataFrame, margin: float = 5.0) -> str:

@@ -8,6 +8,13 @@ newest first, the current file included) and takes the version whose hash equals
 record says exactly what the legacy one said, only finer. A module whose source is not found (a run made from an
 uncommitted edit) keeps its whole-module hash under ``runstore.LEGACY_KEY``; modules in ``runstore.RECORD_EXEMPT``
 are dropped (the record keeping is not recorded). Run by ``python -m ftta_core runs --migrate``.
+
+The same command re-scopes study records whose recording rule was narrowed (``rescope_record``): a FedICON result
+(``fedicon.study.record_scope``) or a stored leakage table (``leakage.record_scope``) made before its rule left out
+reporting modules held their definitions too (FedICON's reporting module imports the workbook, so an edit of the
+workbook's run orchestration turned every FedICON result stale). Re-scoping keeps exactly the recorded definitions
+that today's rule records and drops the others, hashes untouched: the record then says what a record made now says,
+and a result whose computing code changed stays stale.
 """
 from __future__ import annotations
 
@@ -120,9 +127,38 @@ def _records_in(data: Any) -> Iterator[Dict[str, Any]]:
             yield from _records_in(value)
 
 
+def rescope_record(record: Dict[str, Any], scope: Dict[str, Any]) -> Dict[str, Any]:
+    """``record`` (a definition record) keeping only the definitions that ``scope`` (the record today's rule
+    writes, e.g. ``fedicon.study.record_scope()``) holds, with their recorded hashes; ``record`` itself when
+    nothing is dropped."""
+    if "definitions" not in record:
+        return record
+    kept = {module: {key: digest for key, digest in recorded.items() if key in scope["definitions"][module]}
+            for module, recorded in record["definitions"].items() if module in scope["definitions"]}
+    kept = {module: recorded for module, recorded in kept.items() if recorded}
+    if kept == record["definitions"]:
+        return record
+    return {**record, "definitions": kept}
+
+
+def study_scope(data: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """The code record today's rule writes for the study record ``data`` (FedICON result, stored leakage table),
+    None for any other document."""
+    from . import leakage
+    from .experiment import ExperimentConfig
+    from .fedicon import study
+
+    if study.is_record(data):
+        return study.record_scope()
+    if leakage.is_record(data):
+        return leakage.record_scope(ExperimentConfig.from_dict(data["config"]))
+    return None
+
+
 def migrate_file(path: Path, sources: GitSources) -> Tuple[bool, List[str]]:
-    """Rewrite the legacy code records of one stored JSON file in place (atomically, layout kept); returns whether
-    it changed and the names kept as whole-module hashes."""
+    """Rewrite the legacy code records of one stored JSON file in place (atomically, layout kept), then re-scope it
+    if it is a study record (``study_scope``); returns whether it changed and the names kept as whole-module
+    hashes."""
     text = path.read_text()
     try:
         data = json.loads(text)
@@ -134,6 +170,11 @@ def migrate_file(path: Path, sources: GitSources) -> Tuple[bool, List[str]]:
         if new is not holder["code"]:
             holder["code"], changed = new, True
             missing += lost
+    scope = study_scope(data) if isinstance(data, dict) and isinstance(data.get("code"), dict) else None
+    if scope is not None:
+        new = rescope_record(data["code"], scope)
+        if new is not data["code"]:
+            data["code"], changed = new, True
     if changed:
         indent = 2 if text.startswith('{\n  "') else 1
         runstore.atomic_write_text(path, runstore.dumps_summary(data, indent) + ("\n" if text.endswith("\n") else ""))

@@ -76,10 +76,12 @@ MODULE_KEY = "<module>"  # the key of a module's top-level statements that are n
 # (tests/test_code_records.py checks it), so listing a new function there changes no run
 UNRECORDED_NAMES = frozenset({"__all__"})
 # single definitions never recorded: code that writes or describes a source checkpoint and its card, beside the code
-# that trains and loads it; no run calls them (tests/test_code_records.py runs an experiment with them disabled)
+# that trains and loads it; no run calls them (tests/test_code_records.py runs an experiment with them disabled);
+# and a study's own record keeping (what its records name, which stored documents are its records)
 UNRECORDED_DEFINITIONS: Dict[str, frozenset] = {
     f"{PACKAGE}.training": frozenset({"save_checkpoint", "source_card", "render_cards", "source_model_line",
                                       "PAPER_NO_ADAPT", "_train_images", "atomic_write"}),
+    f"{PACKAGE}.fedicon.study": frozenset({"CODE_ROOTS", "record_scope", "is_record"}),
 }
 LEGACY_KEY = "<whole module>"  # the key of a whole-module hash (a record migrated without its source)
 
@@ -368,9 +370,10 @@ def code_record_of(roots: Sequence[str], functions: Sequence[str] = ()) -> Dict[
         if current is not None and name not in RECORD_EXEMPT:
             skip = UNRECORDED_DEFINITIONS.get(name, frozenset())
             definitions[name] = {key: digest for key, digest in current.items() if key not in skip}
+    whole = set(definitions)  # modules recorded whole already hold every single function asked for
     for qualified in functions:
         module, _, function = qualified.partition(":")
-        if module not in definitions:
+        if module not in whole:
             definitions.setdefault(module, {})[function] = function_hash(qualified)
     return {"definitions": definitions, "git": _git_commit()}
 

@@ -177,3 +177,43 @@ def test_a_source_checkpoint_and_its_card_are_written_whole_and_the_card_names_i
     loaded = load_source_model(spec.name, tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
     assert "trained on `cifar10` (first 4,000 images of the train split)" in render_cards(tmp_path)
+
+
+def test_study_records_name_their_computing_code_and_a_narrowed_rule_rescopes_old_records(tmp_path):
+    """A FedICON result and a stored leakage table record the code that computes them, not the reporting code that
+    imports the workbook (an edit of the workbook's run orchestration once turned every FedICON result stale);
+    ``runs --migrate`` re-scopes a record written under the wider rule: it drops what today's rule leaves out and
+    keeps the recorded hashes, so a result whose computing code changed stays stale."""
+    from ftta_core import leakage
+    from ftta_core.experiment import ExperimentConfig
+    from ftta_core.fedicon import study
+    from ftta_core.record_migration import rescope_record
+
+    pkg = runstore.PACKAGE
+    scope = study.record_scope()
+    assert f"{pkg}.fedicon.training" in scope["definitions"] and f"{pkg}.fedicon.adaptation" in scope["definitions"]
+    assert f"{pkg}.workbook" not in scope["definitions"] and f"{pkg}.fedicon.report" not in scope["definitions"]
+    cfg = ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", clients=4, local="bn", strategy="fedctta")
+    leak = leakage.record_scope(cfg)
+    assert f"{pkg}.workbook" not in leak["definitions"]
+    assert set(leak["definitions"][f"{pkg}.leakage"]) == set(leakage.RECORDED)
+    assert f"{pkg}.strategies.fedctta" in leak["definitions"]
+
+    wider = {"definitions": {**scope["definitions"], f"{pkg}.workbook": {"run_grid": "an older version"}},
+             "git": "abc"}
+    assert stale_modules(wider) == [f"{pkg}.workbook:run_grid"]
+    narrowed = rescope_record(wider, scope)
+    assert stale_modules(narrowed) == [] and narrowed["git"] == "abc"
+    assert rescope_record(narrowed, scope) is narrowed
+    training = scope["definitions"][f"{pkg}.fedicon.training"]
+    changed = {"definitions": {**wider["definitions"], f"{pkg}.fedicon.training": {**training, "local_update": "old"}}}
+    assert stale_modules(rescope_record(changed, scope)) == [f"{pkg}.fedicon.training:local_update"]
+
+    # stored files: the FedICON result is re-scoped in place; a run summary is not a study record and is left alone
+    (tmp_path / "r.json").write_text(json.dumps({"setting": {"seed": 0}, "accuracy": {"MNIST": 90.0}, "wall_s": 1.0,
+                                                  "code": wider}, indent=1))
+    (tmp_path / "s.json").write_text(json.dumps({"config": {}, "accuracy": 1.0, "code": wider}, indent=1))
+    assert migrate([tmp_path])["migrated"] == 1
+    assert json.loads((tmp_path / "r.json").read_text())["code"] == narrowed
+    assert json.loads((tmp_path / "s.json").read_text())["code"] == wider
+    assert study.is_record(json.loads((tmp_path / "r.json").read_text()))

@@ -28,8 +28,10 @@ from .training import TrainConfig, federated_train, fine_tune, train_classifier
 TABLE1_METHODS = ("Local", "FedAvg", "FedAvg-FT", "FedProx", "FedRep", "FedBN", "FedTHE", "Tent", "EATA", "T3A",
                   "FedICON")
 # Table 8: (local invariance extraction, global invariance sharing, test-time adaptation) -> (models, test-time)
-# what a FedICON record depends on (its ``code`` record, ``runstore``)
-CODE_ROOTS = ("ftta_core.fedicon", "ftta_core.models", "ftta_core.data", "ftta_core.rng")
+# what a FedICON record depends on (its ``code`` record, ``runstore``): this module and what it imports (training,
+# adaptation, FedTHE, data, losses, models), not the package's reporting module (``report``, which imports the
+# workbook: an edit of the workbook's run orchestration changes no FedICON number)
+CODE_ROOTS = ("ftta_core.fedicon.study", "ftta_core.models", "ftta_core.data", "ftta_core.rng")
 
 ABLATION = {
     (False, False, False): ("local_ce", "none"), (True, False, False): ("local_supcon", "none"),
@@ -118,6 +120,16 @@ class Study:
     def accuracies(self, method: str, clean: bool = False) -> Dict[str, float]:
         """Per-client accuracy (%) of ``method``."""
         return {d.name: accuracy(p, d.y_test) for d, p in zip(self.clients, self.predictions(method, clean))}
+
+
+def record_scope() -> Dict[str, object]:
+    """The code record a FedICON result made now would hold (``CODE_ROOTS``)."""
+    return code_record_of(CODE_ROOTS)
+
+
+def is_record(data: object) -> bool:
+    """Whether a stored JSON document is one FedICON result record (as ``run_methods`` writes it)."""
+    return isinstance(data, dict) and {"setting", "accuracy", "wall_s"} <= data.keys() and "config" not in data
 
 
 def setting_key(setting: dict) -> str:
