@@ -46,11 +46,15 @@ def plan_file() -> Optional[Path]:
 
 
 def add_to_plan(config: Dict[str, Any], results_dir: Path | str, strategies: Sequence[str] = ()) -> None:
-    """Append one job to the plan file (no-op without one)."""
+    """Append one job to the plan file (no-op without one, or when the file already plans that job: planning a grid
+    twice leaves one line per job)."""
     path = plan_file()
     if path is None:
         return
     job = {"config": config, "results_dir": _portable(Path(results_dir)), "strategies": list(strategies)}
+    planned = PlannedJob(json.loads(json.dumps(config, default=list)), job["results_dir"], tuple(strategies))
+    if path.is_file() and any(j.key == planned.key for j in read_plan(path)):
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(job, default=list) + "\n")

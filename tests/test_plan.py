@@ -21,10 +21,10 @@ def test_planning_runs_nothing_and_records_each_missing_run_once(tmp_path, monke
     variants = {"local": {"strategy": "local"}, "fedavg": {"strategy": "fedavg"}}
     assert run_grid(BASE, variants, [0, 1], results_dir=tmp_path / "runs").empty
     assert run_strategy_grid(BASE, ["local", "fedavg"], [0], results_dir=tmp_path / "shared").empty
-    run_grid(BASE, variants, [0, 1], results_dir=tmp_path / "runs")  # asked twice: planned twice, read once
+    run_grid(BASE, variants, [0, 1], results_dir=tmp_path / "runs")  # asked twice: planned once
     assert not (tmp_path / "runs").exists()
     jobs = read_plan(plan)
-    assert len(jobs) == 5
+    assert len(jobs) == 5 and len(plan.read_text().splitlines()) == 5
     assert [j.strategies for j in jobs].count(("local", "fedavg")) == 1  # one shared pass for the TTA-bn grid
 
 
