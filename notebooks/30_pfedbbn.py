@@ -327,6 +327,7 @@ if len(held_out):
     chosen = temperature.select_setting(held_out, t_settings)
     display(tables.show(chosen.set_index("alpha"), best=None,
                         caption="the rule's choice (held-out stream; none until every setting's held-out run is stored)"))
+    display(Markdown(temperature.choice_reading(chosen)))
     display(tables.show(held_out.set_index(["alpha", "variant"])[["same domain", "uniform same-domain", "self"]],
                         best=None, caption="W's shares on the held-out stream, per stored setting"))
 if len(reported):

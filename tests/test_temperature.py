@@ -4,8 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, curve, pfedbbn_claims, select_setting, setting_name,
-                                           temperature_variants)
+from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, choice_reading, curve, pfedbbn_claims, select_setting,
+                                           setting_name, temperature_variants)
 
 
 def test_the_default_setting_is_stored_as_the_default():
@@ -26,6 +26,12 @@ def test_rule_takes_the_largest_same_domain_share_and_never_reads_accuracy():
     chosen = select_setting(pd.concat([held, held.assign(variant="BBN alone", **{"same domain": 0.9})]))
     assert chosen.set_index("alpha")["variant"].to_dict() == {0.1: setting_name(4, "none"),  # tie -> smaller T
                                                               0.01: setting_name(2, "none")}
+    by = chosen.set_index("alpha")
+    assert by.loc[0.1, "runner-up"] == setting_name(8, "none") and by.loc[0.1, "margin"] == 0.0
+    assert pd.isna(by.loc[0.01, "runner-up"]) and pd.isna(by.loc[0.01, "margin"])  # one setting: no runner-up
+    assert choice_reading(chosen).splitlines()[1] == (
+        "- alpha 0.1: T=4, scale=none (same-domain share 0.400, uniform 0.200, self-weight 0.600; runner-up "
+        "T=8, scale=none by 0.000).")
 
 
 def test_claims_pair_seeds_and_read_the_papers_table():

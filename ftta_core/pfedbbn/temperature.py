@@ -110,21 +110,40 @@ def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mappin
 def select_setting(held_out: pd.DataFrame, settings: Optional[Sequence[str]] = None) -> pd.DataFrame:
     """The rule, per alpha: the pFedBBN setting with the largest same-domain share on the held-out stream (ties:
     smaller T). ``held_out``: ``temperature_grid`` rows of ``HELD_OUT_SEED``. One row per alpha, with "held-out
-    runs" (stored of ``settings``, the grid's setting names): an alpha whose held-out runs do not cover every one of
+    runs" (stored of ``settings``, the grid's setting names), the "runner-up" setting and the "margin" of the chosen
+    one's share over it (how near the choice was): an alpha whose held-out runs do not cover every one of
     ``settings`` gets no choice (variant missing), since a setting not run could have won."""
     rows = held_out[held_out["variant"].str.startswith("T=")].copy()
     rows["T"] = rows["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
     rows = rows.sort_values(["alpha", "same domain", "T"], ascending=[True, False, True])
     chosen = rows.groupby("alpha", sort=False).head(1)[["alpha", "variant", "same domain", "uniform same-domain",
                                                          "self"]].reset_index(drop=True)
+    second = rows.groupby("alpha", sort=False).nth(1).set_index("alpha")
+    chosen["runner-up"] = [second["variant"].get(a) for a in chosen["alpha"]]
+    chosen["margin"] = [s - second["same domain"].get(a, float("nan"))
+                        for a, s in zip(chosen["alpha"], chosen["same domain"])]
     wanted = set(settings) if settings is not None else None
     stored = rows.groupby("alpha")["variant"].agg(set)
     chosen["held-out runs"] = [f"{len(stored[a] & wanted) if wanted else len(stored[a])} of "
                                f"{len(wanted) if wanted else len(stored[a])}" for a in chosen["alpha"]]
     if wanted:
         incomplete = [not wanted <= stored[a] for a in chosen["alpha"]]
-        chosen.loc[incomplete, ["variant", "same domain", "uniform same-domain", "self"]] = None
+        chosen.loc[incomplete, ["variant", "same domain", "uniform same-domain", "self", "runner-up", "margin"]] = None
     return chosen
+
+
+def choice_reading(chosen: pd.DataFrame) -> str:
+    """``select_setting``'s choice per alpha in words: the setting, its held-out same-domain share against uniform
+    mixing's, and its margin over the runner-up (or which held-out runs are still missing)."""
+    lines = []
+    for r in chosen.to_dict("records"):
+        if not isinstance(r["variant"], str):
+            lines.append(f"- alpha {r['alpha']:g}: no choice yet ({r['held-out runs']} held-out runs stored).")
+            continue
+        near = (f"; runner-up {r['runner-up']} by {r['margin']:.3f}" if isinstance(r["runner-up"], str) else "")
+        lines.append(f"- alpha {r['alpha']:g}: {r['variant']} (same-domain share {r['same domain']:.3f}, uniform "
+                     f"{r['uniform same-domain']:.3f}, self-weight {r['self']:.3f}{near}).")
+    return "\n".join(lines)
 
 
 def curve(grid: pd.DataFrame) -> pd.DataFrame:
@@ -228,4 +247,4 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
 
 
 __all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS", "RESULTS_DIR", "temperature_variants",
-           "reference_variants", "temperature_grid", "select_setting", "curve", "pfedbbn_claims", "bbn_base"]
+           "reference_variants", "temperature_grid", "select_setting", "choice_reading", "curve", "pfedbbn_claims", "bbn_base"]
