@@ -43,8 +43,9 @@ def accuracies(results_dir: Path | str, tta: str, setting: str, variant: Variant
 
 
 def paired(a: pd.Series, b: pd.Series) -> Tuple[float, float, List[int]]:
-    """Mean and standard deviation (NaN below 2) of ``a - b`` over the seeds both have, and those seeds."""
-    both = sorted(a.index.intersection(b.index))
+    """Mean and standard deviation (NaN below 2) of ``a - b`` over the seeds both have a value for (a run stored
+    without the measure, NaN, does not count), and those seeds."""
+    both = sorted(a.dropna().index.intersection(b.dropna().index))
     d = a[both] - b[both]
     return (float(d.mean()) if both else float("nan"), float(d.std(ddof=1)) if len(both) > 1 else float("nan"),
             list(both))

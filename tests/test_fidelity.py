@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -44,6 +45,10 @@ def test_claims_name_the_stale_runs_they_rest_on(tmp_path):
 def test_paired_uses_common_seeds_only():
     mean, sd, seeds = paired(pd.Series({0: 3.0, 1: 5.0, 2: 9.0}), pd.Series({0: 1.0, 1: 2.0}))
     assert (mean, seeds) == (2.5, [0, 1]) and sd == pytest.approx(0.7071, abs=1e-4)
+    # a run stored without the measure (NaN) is not a seed of the comparison
+    mean, sd, seeds = paired(pd.Series({0: float("nan"), 1: 5.0}), pd.Series({0: 1.0, 1: 2.0}))
+    assert (mean, seeds) == (3.0, [1]) and np.isnan(sd)
+    assert np.isnan(paired(pd.Series({0: float("nan")}), pd.Series({0: 1.0}))[0])
 
 
 @pytest.mark.parametrize("ours,paper,expected", [(1.0, 5.0, "holds"), (-1.0, 5.0, "does not hold"),
