@@ -344,6 +344,18 @@ else:
     print("no alpha has both every held-out run (the rule's choice) and reported runs stored yet: no claim is read")
 
 # %% [markdown]
+# Where the margin over BBN alone differs from the paper's: both sides as gains over the source model on the same
+# stream (the paper's Source row), so the difference splits into pFedBBN's gain and the reference's.
+
+# %%
+t_gains = temperature.source_gains(reported, chosen) if len(held_out) and len(reported) else pd.DataFrame()
+if len(t_gains):
+    display(tables.show(t_gains.set_index(["alpha", "row"]), best=None))
+    display(Markdown(temperature.source_gains_reading(t_gains)))
+else:
+    print("no alpha has the rule's choice and its references stored at a common seed")
+
+# %% [markdown]
 # ## CIFAR-100-C
 # The paper's second benchmark. CIFAR-100 and a CIFAR-100 source model are not available here, so nothing is run;
 # the code path is the same config with `dataset="cifar100"` (which our config validation rejects until a loader

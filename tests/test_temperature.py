@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, choice_reading, curve, pfedbbn_claims, select_setting,
+                                           source_gains, source_gains_reading,
                                            setting_name, temperature_variants)
 
 
@@ -106,3 +107,23 @@ def test_stored_claims_read_each_alpha_whose_held_out_runs_are_complete(tmp_path
                          "pFedBBN's W clusters by domain (same-domain share minus uniform, in points), alpha 0.01"}
     assert rows["pFedBBN above BBN alone, alpha 0.01"]["ours"] == pytest.approx(4.0)
     assert stored_claims(tmp_path / "empty", grid) == []
+
+
+def test_source_gains_split_the_margin_between_pfedbbn_and_its_reference():
+    name = setting_name(2, "none")
+    rows = []
+    for seed in (0, 1):
+        rows += [{"alpha": 0.01, "variant": name, "seed": seed, "accuracy": 66.0, "accuracy_source": 62.0},
+                 {"alpha": 0.01, "variant": "BBN alone", "seed": seed, "accuracy": 64.0, "accuracy_source": 62.0},
+                 {"alpha": 0.01, "variant": "FedAvg + BBN", "seed": seed, "accuracy": 65.0, "accuracy_source": 62.0}]
+    rows.append({"alpha": 0.01, "variant": name, "seed": 2, "accuracy": 99.0, "accuracy_source": 1.0})  # unpaired
+    gains = source_gains(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.01, "variant": name}]))
+    by = gains.set_index("row")
+    assert by.loc["source model", "ours"] == 62.0 and by.loc["source model", "paper"] == 58.58
+    assert by.loc["BBN alone - source", "ours"] == 2.0
+    assert by.loc["BBN alone - source", "paper"] == pytest.approx(52.33 - 58.58)  # paper Table 1, third column
+    assert by.loc[f"pFedBBN {name} - source", "ours"] == 4.0 and (gains["seeds"] == 2).all()
+    reading = source_gains_reading(gains)
+    paper_margin = 71.96 - 52.33
+    assert f"margin is {2.0 - paper_margin:+.2f} from the paper's" in reading
+    assert source_gains(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.01, "variant": None}])).empty

@@ -71,7 +71,8 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
                      variants: Optional[Mapping[str, Mapping[str, Any]]] = None,
                      results_dir: Path | str = RESULTS_DIR, only_cached: bool = False,
                      also_read: Sequence[Path | str] = (GRID_DIR,), max_steps: Optional[int] = None) -> pd.DataFrame:
-    """One row per (alpha, variant, seed): accuracy and the mean ``weight_shares`` of the stored run (runs the
+    """One row per (alpha, variant, seed): accuracy, the source model's on the same stream and the mean
+    ``weight_shares`` of the stored run (runs the
     missing ones unless ``only_cached``; with ``FTTA_PLAN`` set, plans them). ``also_read``: folders of stored runs
     read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN.
     ``max_steps``: truncate every run (the held-out stream: ``HELD_OUT_STEPS``)."""
@@ -84,11 +85,12 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
                         only_cached=only_cached, also_read=[Path(f) for f in also_read])
         if len(grid):
             frames.append(grid.assign(alpha=alpha))
+    columns = ["alpha", "variant", "seed", "accuracy", "accuracy_source", *SHARE_COLUMNS]
     if not frames:
-        return pd.DataFrame(columns=["alpha", "variant", "seed", "accuracy", *SHARE_COLUMNS])
+        return pd.DataFrame(columns=columns)
     table = pd.concat(frames, ignore_index=True)
     shares = _stored_shares(base, table, variants, [Path(results_dir), *map(Path, also_read)], max_steps)
-    return pd.concat([table, shares], axis=1)[["alpha", "variant", "seed", "accuracy", *SHARE_COLUMNS]]
+    return pd.concat([table, shares], axis=1).reindex(columns=columns)
 
 
 def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mapping[str, Mapping[str, Any]],
@@ -187,6 +189,56 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
     return rows
 
 
+def source_gains(reported: pd.DataFrame, chosen: pd.DataFrame) -> pd.DataFrame:
+    """Each pFedBBN claim's two sides as gains over the source model on the same stream, ours beside the paper's
+    Table 1 (its Source row): per alpha with a choice, BBN alone, FedAvg + BBN and the chosen pFedBBN setting, ours
+    the mean over the seeds all three have. pFedBBN above BBN alone is the difference of two rows here, so the table
+    says whether a gap to the paper's margin lies in the reference, in pFedBBN, or in both."""
+    from ..paper import paper_table
+    from .imbalance import _paper_value
+
+    paper = paper_table("pfedbbn_table1")
+    paper = paper[paper.dataset == "cifar10"]
+    rows = []
+    for pick in chosen.to_dict("records"):
+        alpha, name = pick["alpha"], pick["variant"]
+        if not isinstance(name, str):
+            continue
+        at = reported[reported["alpha"] == alpha]
+        compared = {"BBN alone": ("None-Fed", "BBN alone"), "FedAvg + BBN": ("FedAvg", "FedAvg + BBN"),
+                    f"pFedBBN {name}": ("pFedBBN", name)}
+        seeds = sorted(set.intersection(*[set(at.loc[at["variant"] == v, "seed"]) for _, v in compared.values()]))
+        if not seeds:
+            continue
+        mine = at[at["seed"].isin(seeds)]
+        source = mine[mine["variant"] == "BBN alone"].set_index("seed")["accuracy_source"]
+        paper_source = _paper_value(paper, "Any", "Source", alpha)
+        rows.append({"alpha": alpha, "row": "source model", "ours": source.mean(), "paper": paper_source,
+                     "seeds": len(seeds)})
+        for label, (strategy, variant) in compared.items():
+            acc = mine[mine["variant"] == variant].set_index("seed")["accuracy"]
+            rows.append({"alpha": alpha, "row": f"{label} - source", "ours": (acc - source).mean(),
+                         "paper": _paper_value(paper, strategy, "BBN", alpha) - paper_source, "seeds": len(seeds)})
+    return pd.DataFrame(rows, columns=["alpha", "row", "ours", "paper", "seeds"])
+
+
+def source_gains_reading(gains: pd.DataFrame) -> str:
+    """``source_gains`` in words, per alpha: each side's gain over the source model, ours against the paper's, and
+    how much of the difference between our pFedBBN-above-BBN-alone margin and the paper's each side makes."""
+    lines = []
+    for alpha, g in gains.groupby("alpha", sort=False):
+        by = g.set_index("row")
+        ref, mine = by.loc["BBN alone - source"], by.loc[[r for r in by.index if r.startswith("pFedBBN")][0]]
+        gap = (mine["ours"] - ref["ours"]) - (mine["paper"] - ref["paper"])
+        lines.append(
+            f"- alpha {alpha:g} ({int(ref['seeds'])} seed(s)): the source model {by.loc['source model', 'ours']:.2f} "
+            f"(paper {by.loc['source model', 'paper']:.2f}); BBN alone {ref['ours']:+.2f} from it (paper "
+            f"{ref['paper']:+.2f}), pFedBBN {mine['ours']:+.2f} (paper {mine['paper']:+.2f}). Our pFedBBN-above-"
+            f"BBN-alone margin is {gap:+.2f} from the paper's: {mine['ours'] - mine['paper']:+.2f} of it from "
+            f"pFedBBN's gain, {-(ref['ours'] - ref['paper']):+.2f} from BBN alone's.")
+    return "\n".join(lines)
+
+
 def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = GRID_DIR,
                   seeds: Sequence[int] = (0, 1, 2), tie: float = 0.5) -> List[Dict[str, Any]]:
     """``pfedbbn_claims`` from the study's stored runs on pFedBBN's full protocol (nothing runs), for each alpha whose
@@ -247,4 +299,4 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
 
 
 __all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS", "RESULTS_DIR", "temperature_variants",
-           "reference_variants", "temperature_grid", "select_setting", "choice_reading", "curve", "pfedbbn_claims", "bbn_base"]
+           "reference_variants", "temperature_grid", "select_setting", "choice_reading", "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base"]
