@@ -21,12 +21,17 @@ RESULTS_DIR = REPO_DIR / "figures" / "fedtsa_table1" / "runs"  # in the reposito
 SEEDS = (0, 1, 2, 3, 4)
 # a strategy variant: (strategy, its parameters); "fedctta (eval)" is FedCTTA with the reference clients' probes
 Variant = Tuple[str, Dict[str, Any]]
+# "reference code": the reference code's whole probe handling, eval mode with each client's own fresh noise every
+# step and an EMA of W (0.9); the paper states neither of the last two
 FEDCTTA_VARIANTS: Dict[str, Variant] = {"FedCTTA (probe_bn=client)": ("fedctta", {}),
-                                        "FedCTTA (probe_bn=eval)": ("fedctta", {"probe_bn": "eval"})}
+                                        "FedCTTA (probe_bn=eval)": ("fedctta", {"probe_bn": "eval"}),
+                                        "FedCTTA (reference code)": ("fedctta", {"probe_bn": "eval",
+                                                                                 "probes": "per_client", "ema": 0.9})}
 # the TTA-grad cells each probe normalisation is read in: "eval" normalises with running statistics (the reference
 # clients), which only the running-BN cells keep
 FEDCTTA_GRAD_CELLS: Dict[str, Tuple[str, ...]] = {"FedCTTA (probe_bn=client)": ("grad", "grad-running-adam"),
-                                                  "FedCTTA (probe_bn=eval)": ("grad-running-adam",)}
+                                                  "FedCTTA (probe_bn=eval)": ("grad-running-adam",),
+                                                  "FedCTTA (reference code)": ("grad-running-adam",)}
 FEDAVGM_VARIANTS: Dict[str, Variant] = {"FedAvgM (momentum on all)": ("fedavgm", {}),
                                         "FedAvgM (momentum on params)": ("fedavgm", {"momentum_on": "params"})}
 

@@ -180,8 +180,10 @@ display(tables.show(missing, best=None))
 # ## Table I's claims with the reference clients' probes, and FedAvgM's two momentum variants
 # The reference clients compute FedCTTA's probe logits in eval mode: normalised with the previous aggregation's
 # statistics under TTA-bn and with the client's running statistics under TTA-grad (`probe_bn="eval"`; running BN is
-# the `grad-running-adam` cell of notebook 10). FedAvgM's server momentum on every shared tensor (our default) or on
-# parameters only, which under TTA-bn is FedAvg by construction. Runs planned in
+# the `grad-running-adam` cell of notebook 10). The "reference code" rows add the rest of the reference code's probe
+# handling, which the paper does not state: each client its own fresh probe noise every step and an EMA (0.9) of W
+# (`probe_bn="eval", probes="per_client", ema=0.9`). FedAvgM's server momentum on every shared tensor (our default)
+# or on parameters only, which under TTA-bn is FedAvg by construction. Runs planned in
 # `figures/fedctta/fidelity.plan.jsonl` (`python -m ftta_core run-plan FILE --workers 2 --threads 1`); each row is one
 # claim, ours paired by seed beside the paper's difference, with the verdict (tie band 0.5 points,
 # `ftta_core.fidelity`); rows without stored runs say so. The runs the claims read are `fidelity.claim_grids()`:
