@@ -1,5 +1,6 @@
 """FedICON: contrastive losses against direct loops, eq. 4 weights, the classifier phase, the test-time step,
 T3A, and seeded reproducibility (tiny synthetic clients; runs in seconds)."""
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ from torch import nn
 from ftta_core.fedicon import (ClientData, TrainConfig, TTAConfig, aggregation_weights, average_states,
                                contrastive_tta, encoder_names, federated_train, head_names, make_model, ntxent_loss,
                                supcon_loss, t3a_predict, train_classifier)
-from ftta_core.fedicon.study import Study, method_table, run_methods
+from ftta_core.fedicon.study import Study, is_record, method_table, record_scope, run_methods
 from ftta_core.rng import torch_generator
 
 
@@ -145,6 +146,10 @@ def test_study_methods_and_cache(tmp_path):
     again = run_methods(tmp_path, {"name": "tiny"}, methods, [0], lambda s: pytest.fail("cache missed"), "cnn2",
                         cfg, tta, progress=None)
     assert again.equals(rows)
+    # each stored result is a study record holding what record_scope says (what `runs --migrate` re-scopes to)
+    stored = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert len(stored) == len(methods) and all(is_record(r) for r in stored)
+    assert all(r["code"]["definitions"] == record_scope()["definitions"] for r in stored)
     table = method_table(rows, methods)
     assert list(table.columns) == ["c0", "c1", "mean"]
     with pytest.raises(ValueError, match="method"):

@@ -123,7 +123,9 @@ class Study:
 
 
 def record_scope() -> Dict[str, object]:
-    """The code record a FedICON result made now would hold (``CODE_ROOTS``)."""
+    """The code record a FedICON result made now would hold (``CODE_ROOTS``); ``run_methods`` writes the same
+    record with its own ``code_record_of(CODE_ROOTS)`` call, left as it is so that its recorded definition, and with
+    it every stored result, stays current (``tests/test_fedicon.py`` checks the two agree)."""
     return code_record_of(CODE_ROOTS)
 
 

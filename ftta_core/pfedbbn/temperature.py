@@ -72,8 +72,8 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
                      results_dir: Path | str = RESULTS_DIR, only_cached: bool = False,
                      also_read: Sequence[Path | str] = (GRID_DIR,), max_steps: Optional[int] = None) -> pd.DataFrame:
     """One row per (alpha, variant, seed): accuracy, the source model's on the same stream and the mean
-    ``weight_shares`` of the stored run (runs the
-    missing ones unless ``only_cached``; with ``FTTA_PLAN`` set, plans them). ``also_read``: folders of stored runs
+    ``weight_shares`` of the stored run (runs the missing ones unless ``only_cached``; with ``FTTA_PLAN`` set, plans
+    them). ``also_read``: folders of stored runs
     read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN.
     ``max_steps``: truncate every run (the held-out stream: ``HELD_OUT_STEPS``)."""
     from ..workbook import run_grid
