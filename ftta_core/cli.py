@@ -465,7 +465,9 @@ def _add_run_plan(sub: argparse._SubParsersAction) -> None:
                                    "runs it lacks to FILE. This command runs them, --workers at a time (processes "
                                    "sharing one GPU, or one per CPU core), storing each summary where the grid "
                                    "looks for it; re-run the notebook or table to read them back.")
-    p.add_argument("plan", type=Path, help="the plan file (JSON lines)")
+    p.add_argument("plan", type=Path, nargs="+",
+                   help="the plan file (JSON lines); several: one queue in the order given, a job planned in two "
+                        "files run once")
     p.add_argument("--workers", type=int, default=1, help="parallel worker processes")
     p.add_argument("--threads", type=int, help="torch threads per worker (default: CPU cores / workers)")
     p.add_argument("--deadline-s", type=float, dest="deadline_s",
@@ -498,12 +500,13 @@ def _print_pending(jobs: Sequence[Any]) -> int:
 
 
 def cmd_run_plan(args: argparse.Namespace) -> int:
-    from .plan import read_plan
+    from .plan import read_plans
     from .ray_plan import plan_executor
 
-    if not args.plan.is_file():
-        raise SystemExit(f"plan file '{args.plan}' does not exist (make one with FTTA_PLAN={args.plan} ...)")
-    jobs = read_plan(args.plan)
+    for plan in args.plan:
+        if not plan.is_file():
+            raise SystemExit(f"plan file '{plan}' does not exist (make one with FTTA_PLAN={plan} ...)")
+    jobs = read_plans(args.plan)
     if args.pending:
         return _print_pending(jobs)
     where = f"Ray cluster {args.ray}" if args.ray else f"{args.workers} workers"

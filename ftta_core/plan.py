@@ -77,8 +77,21 @@ def results_path(job: PlannedJob) -> Path:
 
 def read_plan(path: Path | str) -> List[PlannedJob]:
     """The jobs of a plan file in order, duplicates dropped (a notebook may ask for a run twice)."""
+    return read_plans([path])
+
+
+def read_plans(paths: Sequence[Path | str]) -> List[PlannedJob]:
+    """The jobs of several plan files as one queue: the first file's jobs in order, then the next file's, a job
+    planned twice (in one file or in two) kept where it first appears."""
     jobs: Dict[str, PlannedJob] = {}
-    for n, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for path in paths:
+        _read_into(jobs, Path(path))
+    return list(jobs.values())
+
+
+def _read_into(jobs: Dict[str, PlannedJob], path: Path) -> None:
+    """Add ``path``'s jobs to ``jobs`` (keyed by ``PlannedJob.key``, first one kept)."""
+    for n, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -87,7 +100,7 @@ def read_plan(path: Path | str) -> List[PlannedJob]:
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{path}:{n}: not a planned job ({err})") from err
         jobs.setdefault(job.key, job)
-    return list(jobs.values())
 
 
-__all__ = ["PLAN_ENV", "REPO_DIR", "PlannedJob", "plan_file", "add_to_plan", "read_plan", "results_path"]
+__all__ = ["PLAN_ENV", "REPO_DIR", "PlannedJob", "plan_file", "add_to_plan", "read_plan", "read_plans",
+           "results_path"]

@@ -7,7 +7,7 @@ import pytest
 
 from ftta_core.cli import main
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.plan import PLAN_ENV, read_plan
+from ftta_core.plan import PLAN_ENV, read_plan, read_plans
 from ftta_core.plan_runner import run_plan
 from ftta_core.workbook import run_grid, run_strategy_grid
 
@@ -105,3 +105,18 @@ def test_run_plan_pending_lists_the_jobs_left_and_runs_nothing(tmp_path, monkeyp
     run_grid(BASE, {"local": {"strategy": "local"}}, [0], results_dir=tmp_path / "runs", progress=False)
     assert main(["run-plan", str(plan), "--pending"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "1 run(s) pending in 2 jobs"
+
+
+def test_several_plans_are_one_queue_in_the_order_given_each_job_once(tmp_path, monkeypatch, capsys):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    monkeypatch.setenv(PLAN_ENV, str(first))
+    run_grid(BASE, {"fedavg": {"strategy": "fedavg"}, "local": {"strategy": "local"}}, [0], results_dir=tmp_path / "r")
+    monkeypatch.setenv(PLAN_ENV, str(second))
+    run_grid(BASE, {"local": {"strategy": "local"}}, [0, 1], results_dir=tmp_path / "r")  # seed 0 is in both
+    monkeypatch.delenv(PLAN_ENV)
+    queue = read_plans([second, first])
+    assert [(j.config["strategy"], j.config["seed"]) for j in queue] == [("local", 0), ("local", 1), ("fedavg", 0)]
+    assert main(["run-plan", str(first), str(second), "--pending"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "3 run(s) pending in 3 jobs"
+    with pytest.raises(SystemExit, match="missing.jsonl"):
+        main(["run-plan", str(first), str(tmp_path / "missing.jsonl")])
