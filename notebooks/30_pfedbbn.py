@@ -290,7 +290,8 @@ else:
 # 7 as written, our default) is one point of a curve. The grid: T in {1, 2, 4, 8, 16} x scale {none, row_median}
 # with BBN clients on the full protocol at alpha 0.1 and 0.01 (`ftta_core.temperature`). The rule that picks the
 # setting was fixed before any accuracy was read: the largest same-domain share of W on a held-out stream (seed 100,
-# its first 25 rounds), ties to the smaller T. Accuracy is read on the reported seeds; BBN alone and FedAvg + BBN are
+# its first 25 rounds), ties to the smaller T; where the choice was near, it is checked against its runner-up on a
+# second held-out stream (seed 101). Accuracy is read on the reported seeds; BBN alone and FedAvg + BBN are
 # the references of the paper's Table 1. Runs planned in `figures/pfedbbn/temperature.plan.jsonl`
 # (`python -m ftta_core run-plan FILE --workers 2 --threads 1`); only stored runs are shown unless `compute=True`.
 
@@ -314,9 +315,8 @@ else:
 only_stored = not (compute or smoke)
 t_also = [] if smoke else [results_dir]  # the Table 1 grid's runs (T = 1, BBN alone, FedAvg + BBN): read, never written
 t_settings = [k for k in (t_variants or temperature.temperature_variants()) if k.startswith("T=")]
-held_out = temperature.temperature_grid(t_base, [temperature.HELD_OUT_SEED], t_alphas,
-                                        {k: v for k, v in (t_variants or temperature.temperature_variants()).items()
-                                         if k in t_settings},
+t_variants_held = {k: v for k, v in (t_variants or temperature.temperature_variants()).items() if k in t_settings}
+held_out = temperature.temperature_grid(t_base, [temperature.HELD_OUT_SEED], t_alphas, t_variants_held,
                                         results_dir=t_dir, only_cached=only_stored, also_read=t_also,
                                         max_steps=t_steps)
 reported = temperature.temperature_grid(t_base, t_seeds, t_alphas, t_variants, results_dir=t_dir,
@@ -328,6 +328,12 @@ if len(held_out):
     display(tables.show(chosen.set_index("alpha"), best=None,
                         caption="the rule's choice (held-out stream; none until every setting's held-out run is stored)"))
     display(Markdown(temperature.choice_reading(chosen)))
+    # the choice against its runner-up on a second held-out stream (W's shares only; planned for near ties)
+    second_stream = temperature.temperature_grid(t_base, [temperature.CHECK_SEED], t_alphas, t_variants_held,
+                                                 results_dir=t_dir, only_cached=True, also_read=t_also,
+                                                 max_steps=t_steps)
+    t_check = temperature.choice_check(chosen, second_stream)
+    display(Markdown(temperature.choice_check_reading(t_check)))
     display(tables.show(held_out.set_index(["alpha", "variant"])[["same domain", "uniform same-domain", "self"]],
                         best=None, caption="W's shares on the held-out stream, per stored setting"))
 if len(reported):
@@ -335,7 +341,11 @@ if len(reported):
     fig = temperature.curve_figure(reported, held_out)
     Path(figure_dir).mkdir(parents=True, exist_ok=True)
     fig.savefig(Path(figure_dir) / "temperature_curve.png")
-t_claims = pd.DataFrame(temperature.pfedbbn_claims(reported, chosen) if len(held_out) and len(reported) else [])
+# where the second held-out stream reverses the choice, the claims are read at the runner-up too
+t_claims = pd.DataFrame(temperature.pfedbbn_claims(reported, chosen)
+                        + temperature.pfedbbn_claims(reported, temperature.flipped_choices(chosen, t_check),
+                                                     how=temperature.RUNNER_UP)
+                        if len(held_out) and len(reported) else [])
 if len(t_claims):
     display(tables.show(t_claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
                                                                       "verdict"]], best=None))

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, choice_reading, curve, pfedbbn_claims, select_setting,
+from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, choice_check, choice_check_reading, choice_reading,
+                                           flipped_choices, curve, pfedbbn_claims, select_setting,
                                            source_gains, source_gains_reading,
                                            setting_name, temperature_variants)
 
@@ -35,6 +36,22 @@ def test_rule_takes_the_largest_same_domain_share_and_never_reads_accuracy():
         "T=8, scale=none by 0.000).")
 
 
+def test_the_choice_is_checked_on_a_second_held_out_stream():
+    chosen = select_setting(_held_out([(0.1, 1, 0.31, 0.0), (0.1, 2, 0.30, 0.0), (0.1, 4, 0.2, 0.0),
+                                       (0.01, 2, 0.25, 0.0), (0.01, 4, 0.2, 0.0)]))
+    second = _held_out([(0.1, 1, 0.28, 0.0), (0.1, 2, 0.29, 0.0), (0.01, 2, 0.2, 0.0)])  # alpha 0.01: T=4 not run
+    check = choice_check(chosen, second).set_index("alpha")
+    assert list(check.index) == [0.1] and not check.loc[0.1, "same choice"]
+    assert check.loc[0.1, "margin (second stream)"] == pytest.approx(-0.01)
+    assert choice_check_reading(check.reset_index(), seed=7) == (
+        "- alpha 0.1, second held-out stream (seed 7): T=1, scale=none 0.280 against T=2, scale=none 0.290 (margin "
+        "-0.010; on the rule's stream +0.010): the rule would choose T=2, scale=none there.")
+    assert "No alpha" in choice_check_reading(choice_check(chosen, second.iloc[:0]))
+    flipped = flipped_choices(chosen, check.reset_index())
+    assert flipped[["alpha", "variant"]].values.tolist() == [[0.1, setting_name(2, "none")]]
+    assert flipped_choices(chosen, choice_check(chosen, second.iloc[:0])).empty
+
+
 def test_claims_pair_seeds_and_read_the_papers_table():
     name = setting_name(4, "none")
     rows = []
@@ -51,6 +68,9 @@ def test_claims_pair_seeds_and_read_the_papers_table():
     assert fedavg["verdict"] == "does not hold"
     assert by["pFedBBN's W clusters by domain (same-domain share minus uniform, in points), alpha 0.1"]["ours"] == \
         pytest.approx(30.0)
+    assert "(chosen by the held-out rule)" in bbn["settled by"]
+    other = pfedbbn_claims(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.1, "variant": name}]), how="the runner-up")
+    assert all("(the runner-up)" in c["settled by"] for c in other)
 
 
 def test_curve_averages_seeds():

@@ -29,6 +29,7 @@ TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
 ALPHAS = (0.1, 0.01)
 HELD_OUT_SEED = 100
+CHECK_SEED = 101  # a second held-out stream: does the choice between the two best settings hold on it? (no accuracy)
 HELD_OUT_STEPS = 25  # the held-out stream's first 25 of 75 rounds (5 of the 15 corruptions): W's shares, not accuracy
 # in the repository, whatever the working folder (a notebook runs in notebooks/)
 RESULTS_DIR = REPO_DIR / "figures" / "pfedbbn" / "runs" / "temperature"
@@ -148,6 +149,45 @@ def choice_reading(chosen: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def choice_check(chosen: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
+    """The rule's choice and its runner-up (``select_setting``) on a second held-out stream (``second``:
+    ``temperature_grid`` rows of ``CHECK_SEED``): their same-domain shares there and whether the choice is the same.
+    One row per alpha whose two settings are both stored at that seed (equal shares count as the same choice)."""
+    rows = []
+    for r in chosen.dropna(subset=["variant", "runner-up"]).to_dict("records"):
+        here = second[second["alpha"] == r["alpha"]].set_index("variant")["same domain"]
+        if r["variant"] in here and r["runner-up"] in here:
+            a, b = here[r["variant"]], here[r["runner-up"]]
+            rows.append({"alpha": r["alpha"], "chosen": r["variant"], "runner-up": r["runner-up"],
+                         "margin (rule stream)": r["margin"], "chosen share": a, "runner-up share": b,
+                         "margin (second stream)": a - b, "same choice": bool(a >= b)})
+    return pd.DataFrame(rows)
+
+
+def flipped_choices(chosen: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
+    """``chosen``'s rows for the alphas whose choice ``choice_check`` found reversed on the second held-out stream,
+    with the runner-up as the setting: the claims read there too say how much a verdict rests on a near tie."""
+    flipped = check.loc[~check["same choice"].astype(bool), "alpha"] if len(check) else []
+    out = chosen[chosen["alpha"].isin(list(flipped))].copy()
+    out["variant"] = out["runner-up"]
+    return out
+
+
+RUNNER_UP = f"the runner-up, chosen on the second held-out stream (seed {CHECK_SEED})"
+
+
+def choice_check_reading(check: pd.DataFrame, seed: int = CHECK_SEED) -> str:
+    """``choice_check`` in words, per alpha."""
+    if check.empty:
+        return f"No alpha has its chosen setting and runner-up stored on the second held-out stream (seed {seed})."
+    return "\n".join(
+        f"- alpha {r['alpha']:g}, second held-out stream (seed {seed}): {r['chosen']} {r['chosen share']:.3f} "
+        f"against {r['runner-up']} {r['runner-up share']:.3f} (margin {r['margin (second stream)']:+.3f}; on the "
+        f"rule's stream {r['margin (rule stream)']:+.3f}): "
+        + ("the same choice." if r["same choice"] else f"the rule would choose {r['runner-up']} there.")
+        for r in check.to_dict("records"))
+
+
 def curve(grid: pd.DataFrame) -> pd.DataFrame:
     """Mean accuracy and shares over seeds per (alpha, variant), with the number of seeds."""
     g = grid.groupby(["alpha", "variant"])
@@ -157,10 +197,11 @@ def curve(grid: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.5) -> List[Dict[str, Any]]:
+def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.5,
+                   how: str = "chosen by the held-out rule") -> List[Dict[str, Any]]:
     """pFedBBN's Table 1 claims at the chosen setting: above BBN alone and above FedAvg + BBN per alpha (paired by
     seed), and W clustering by domain (same-domain share above the uniform one), in ``fidelity.claims_table``'s
-    row shape."""
+    row shape. ``how``: how the setting was picked, said in each row's "settled by"."""
     from ..fidelity import _row, paired, verdict
     from .imbalance import _paper_value, paper_column
     from ..paper import paper_table
@@ -174,7 +215,7 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
             continue
         at = reported[reported["alpha"] == alpha]
         acc = lambda v: at[at["variant"] == v].set_index("seed")["accuracy"]  # noqa: E731
-        where = f"pFedBBN {name} (chosen by the held-out rule), BBN clients, alpha {alpha:g}"
+        where = f"pFedBBN {name} ({how}), BBN clients, alpha {alpha:g}"
         for ref, strategy in (("BBN alone", "None-Fed"), ("FedAvg + BBN", "FedAvg")):
             theirs = (_paper_value(paper, "pFedBBN", "BBN", alpha) - _paper_value(paper, strategy, "BBN", alpha)
                       if paper_column(alpha) is not None else float("nan"))
@@ -242,7 +283,8 @@ def source_gains_reading(gains: pd.DataFrame) -> str:
 def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = GRID_DIR,
                   seeds: Sequence[int] = (0, 1, 2), tie: float = 0.5) -> List[Dict[str, Any]]:
     """``pfedbbn_claims`` from the study's stored runs on pFedBBN's full protocol (nothing runs), for each alpha whose
-    held-out runs are all stored (``select_setting`` makes no choice for the others)."""
+    held-out runs are all stored (``select_setting`` makes no choice for the others); where the second held-out
+    stream reverses the choice (``choice_check``), the claims at the runner-up too."""
     from .imbalance import pfedbbn_config
 
     base = pfedbbn_config(dataset="cifar10")
@@ -251,7 +293,11 @@ def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = 
     if held.empty:
         return []
     reported = temperature_grid(base, seeds, ALPHAS, None, results_dir, True, (grid_dir,))
-    return pfedbbn_claims(reported, select_setting(held, list(temperature_variants())), tie)
+    chosen = select_setting(held, list(temperature_variants()))
+    second = temperature_grid(base, [CHECK_SEED], ALPHAS, temperature_variants(), results_dir, True, (grid_dir,),
+                              HELD_OUT_STEPS)
+    return (pfedbbn_claims(reported, chosen, tie)
+            + pfedbbn_claims(reported, flipped_choices(chosen, choice_check(chosen, second)), tie, RUNNER_UP))
 
 
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
@@ -298,5 +344,7 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
     return fig
 
 
-__all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS", "RESULTS_DIR", "temperature_variants",
-           "reference_variants", "temperature_grid", "select_setting", "choice_reading", "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base"]
+__all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS",
+           "CHECK_SEED", "RUNNER_UP", "RESULTS_DIR", "temperature_variants", "reference_variants", "temperature_grid",
+           "select_setting", "choice_reading", "choice_check", "choice_check_reading", "flipped_choices",
+           "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base"]
