@@ -173,6 +173,9 @@ def _add_reproduce(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="run on this device instead of the recorded one")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a run-plan worker)")
     p.add_argument("--check", action="store_true", help="compare only: never rewrite a summary")
+    p.add_argument("--replace", action="store_true",
+                   help="when a number differs, store today's run in the old one's place (a 'remade' note keeps the "
+                        "former accuracies and how many numbers moved) instead of leaving the file stale")
     p.add_argument("--workers", type=int, default=1, help="runs at once, each in its own process with --threads "
                                                           "threads (default 1: one after the other, here)")
     p.set_defaults(func=cmd_reproduce)
@@ -183,7 +186,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     compares everything it measured (accuracies per domain and class, uploads, W's shares). When all agree, the
     file's code record becomes today's and a 'reproduced' note says when, on which device and from which former
     record: the run counts as current again. When anything differs the file is left as it is and the differences are
-    printed. An interrupted run resumes on the next call. Exit status 1 if any run differs."""
+    printed, or with --replace today's run takes its place ('remade'). An interrupted run resumes on the next call.
+    Exit status 1 if any run differs and was not remade."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
 
@@ -195,12 +199,13 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("reproduce: --workers must be >= 1", file=sys.stderr)
         return 2
-    one = functools.partial(reproduce, atol=args.atol, device=args.device, update=not args.check)
+    one = functools.partial(reproduce, atol=args.atol, device=args.device, update=not args.check,
+                            replace=args.replace)
     failed = 0
 
     def report(result: Dict[str, Any]) -> None:
         nonlocal failed
-        failed += result["status"] != "reproduced"
+        failed += result["status"] == "differs"
         print(json.dumps(result), flush=True)
 
     if args.workers == 1:

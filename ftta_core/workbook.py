@@ -530,16 +530,20 @@ def _differences(old: Any, new: Any, atol: float, where: str = "") -> List[str]:
     return [] if old == new else [f"{where}: {old!r} -> {new!r}"]
 
 
-def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None, update: bool = True) -> Dict[str, Any]:
+def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None, update: bool = True,
+              replace: bool = False) -> Dict[str, Any]:
     """Run a stored grid summary's config again with today's code and compare what it measured (every number,
     per domain and per class included, each field it has; ``atol`` 0: exactly; a run stored from a shared pass is
     run alone, which the shared pass equals). When they agree and ``update``, the summary's code
     record becomes today's (``build.code_record``) and ``reproduced`` notes when, on what and from which former
-    record, so a run made before a change that moved no number counts as current again; when they differ the file
-    is left as it is. ``device``: run there instead of the recorded one (numbers then rarely agree exactly).
+    record, so a run made before a change that moved no number counts as current again. When they differ the file
+    is left as it is, unless ``replace`` (and ``update``): then today's run takes its place with a ``remade`` note
+    (when, on what, the former record, the former accuracies and how many numbers moved), so a stale run whose
+    numbers today's code moves is re-made rather than run twice. ``device``: run there instead of the recorded one
+    (numbers then rarely agree exactly).
     The run goes through a resumable folder (``partial_dir``'s root, ``reproduce-<config hash>``): an interrupted
-    reproduction resumes where it stopped while the code is unchanged (``resumable_run``). Returns ``{path, status: 'reproduced' | 'differs', differences,
-    seconds}``."""
+    reproduction resumes where it stopped while the code is unchanged (``resumable_run``). Returns ``{path, status:
+    'reproduced' | 'differs' | 'remade', differences, seconds}``."""
     import time
 
     from .build import code_record
@@ -557,12 +561,17 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
     measured = _measured(summary)  # what it measured; a summary stored before a field existed lacks it
     differences = _differences(measured, {k: v for k, v in _measured(fresh).items() if k in measured}, atol)
     seconds = round(time.perf_counter() - t0, 1)
+    former = summary.get("code") or {}
+    note = {"date": time.strftime("%Y-%m-%d"), "device": fresh["device"], "atol": atol,
+            "former_git": former.get("git"),
+            "former_changed": sorted(stale_modules(former) or []) if former else "unrecorded"}
+    status = "differs" if differences else "reproduced"
     if not differences and update:
-        former = summary.get("code") or {}
-        note = {"date": time.strftime("%Y-%m-%d"), "device": fresh["device"], "atol": atol,
-                "former_git": former.get("git"),
-                "former_changed": sorted(stale_modules(former) or []) if former else "unrecorded"}
         store_summary(path, {**summary, "code": code_record(cfg.local, cfg.strategy),
                              "reproduced": [*summary.get("reproduced", []), note]})
-    return {"path": str(path), "status": "differs" if differences else "reproduced", "differences": differences,
-            "seconds": seconds}
+    elif differences and update and replace:
+        former_numbers = {k: summary[k] for k in ("accuracy", "accuracy_local") if k in summary}
+        remade = {**note, "former": former_numbers, "numbers_moved": len(differences)}
+        store_summary(path, {**fresh, "remade": [*summary.get("remade", []), remade]})
+        status = "remade"
+    return {"path": str(path), "status": status, "differences": differences, "seconds": seconds}

@@ -261,6 +261,15 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["status"] == "differs" and result["differences"][0].startswith("accuracy_by_domain.contrast: 1.0 ->")
     assert json.loads(path.read_text()) == wrong
+    # --replace: today's run takes its place, current, with a note of what it replaced
+    assert main(["reproduce", "--replace", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["status"] == "remade" and len(result["differences"]) == 1
+    remade = read_summary(path)
+    assert run_status(remade) == "current" and remade["accuracy_by_domain"] == stored["accuracy_by_domain"]
+    assert remade["remade"][0]["former"] == {"accuracy": wrong["accuracy"], "accuracy_local": wrong["accuracy_local"]}
+    assert remade["remade"][0]["numbers_moved"] == 1 and remade["remade"][0]["former_changed"] == [
+        "ftta_core.strategies.fedamp:FedAMP"]
     assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
 
 
