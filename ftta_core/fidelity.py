@@ -280,23 +280,27 @@ def statistics_contrasts(results_dir: Path | str = RESULTS_DIR, settings: Sequen
 
 
 def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequence[str] = ("niid", "iid"),
-                           seeds: Sequence[int] = SEEDS) -> pd.DataFrame:
-    """Under TTA-bn, each FedCTTA probe normalisation against FedAvg, paired by seed: the accuracy difference and W's
-    mean shares (self, same domain, and the same-domain share uniform mixing gives) read from the stored runs; one
-    row per (setting, probe normalisation)."""
+                           seeds: Sequence[int] = SEEDS, tta: str = "bn", against: str = "fedavg") -> pd.DataFrame:
+    """In one column (``tta``: "bn" or a TTA-grad cell), each FedCTTA probe normalisation read there
+    (``FEDCTTA_GRAD_CELLS`` for the TTA-grad cells) against the strategy ``against``, paired by seed: the accuracy
+    difference and W's mean shares (self, same domain, and the same-domain share uniform mixing gives) read from the
+    stored runs; one row per (setting, probe normalisation)."""
     from .fedtsa.table1 import stored_table1_runs
 
+    labels = [k for k in FEDCTTA_VARIANTS if tta == "bn" or tta in FEDCTTA_GRAD_CELLS[k]]
     rows = []
     for setting in settings:
-        fedavg = accuracies(results_dir, "bn", setting, ("fedavg", {}), seeds)
-        for label, (strategy, params) in FEDCTTA_VARIANTS.items():
-            grid = stored_table1_runs(results_dir, [strategy], list(seeds), ttas=("bn",), settings=(setting,),
+        reference = accuracies(results_dir, tta, setting, (against, {}), seeds)
+        for label in labels:
+            strategy, params = FEDCTTA_VARIANTS[label]
+            grid = stored_table1_runs(results_dir, [strategy], list(seeds), ttas=(tta,), settings=(setting,),
                                       strategy_params=params, extra_keys=("weight_shares",))
-            ours = accuracies(results_dir, "bn", setting, (strategy, params), seeds)
-            mean, sd, both = paired(ours, fedavg)
+            ours = accuracies(results_dir, tta, setting, (strategy, params), seeds)
+            mean, sd, both = paired(ours, reference)
             shares = pd.DataFrame(list(grid["weight_shares"].dropna())) if "weight_shares" in grid else pd.DataFrame()
-            rows.append({"setting": setting.upper(), "FedCTTA": label, "minus FedAvg": mean, "sd": sd,
-                         "seeds": len(both), "stale runs": stale_used(both, ours, fedavg),
+            rows.append({"tta": tta, "setting": setting.upper(), "FedCTTA": label,
+                         "against": METHOD_LABELS.get(against, against), "difference": mean, "sd": sd,
+                         "seeds": len(both), "stale runs": stale_used(both, ours, reference),
                          **{f"W {k}": float(shares[k].mean()) if k in shares else float("nan")
                             for k in ("self", "same domain", "uniform same-domain")},
                          "runs with W's shares": len(shares)})
@@ -304,19 +308,20 @@ def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequ
 
 
 def probe_contrast_reading(table: pd.DataFrame, n_clients: int = 20, tie: float = 0.5) -> str:
-    """``fedctta_probe_contrast`` in sentences: each probe normalisation's gap to FedAvg (``tie`` points read as
-    equal) and, where the runs kept W's shares, how far W is from uniform mixing (self-weight 1/N)."""
+    """``fedctta_probe_contrast`` in sentences: each probe normalisation's gap to the reference strategy (``tie``
+    points read as equal) and, where the runs kept W's shares, how far W is from uniform mixing (self-weight 1/N)."""
     lines = []
     for r in table.to_dict("records"):
+        ref = r["against"]
         if not r["seeds"]:
-            lines.append(f"- {r['FedCTTA']}, {r['setting']}: no run paired with FedAvg.")
+            lines.append(f"- {r['FedCTTA']}, {r['setting']}: no run paired with {ref}.")
             continue
-        gap = r["minus FedAvg"]
-        side = (f"equal to FedAvg within the {tie} tie band" if abs(gap) <= tie
-                else f"{'above' if gap > 0 else 'below'} FedAvg beyond the {tie} tie band")
-        text = (f"- {r['FedCTTA']}, {r['setting']}: {gap:+.2f} against FedAvg"
-                + (f" (sd {r['sd']:.2f})" if r["seeds"] > 1 else "") + f" over {r['seeds']} seed(s), {side}" + (f" ({r['stale runs']} run(s) made by code that has changed since)"
-                                                if r["stale runs"] else ""))
+        gap = r["difference"]
+        side = (f"equal to {ref} within the {tie} tie band" if abs(gap) <= tie
+                else f"{'above' if gap > 0 else 'below'} {ref} beyond the {tie} tie band")
+        text = (f"- {r['FedCTTA']}, {r['setting']}: {gap:+.2f} against {ref}"
+                + (f" (sd {r['sd']:.2f})" if r["seeds"] > 1 else "") + f" over {r['seeds']} seed(s), {side}"
+                + (f" ({r['stale runs']} run(s) made by code that has changed since)" if r["stale runs"] else ""))
         with_shares = r["runs with W's shares"]
         if with_shares:
             text += (f"; W keeps {r['W self']:.3f} on each client (uniform mixing: {1 / n_clients:.3f}) and gives "

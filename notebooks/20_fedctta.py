@@ -216,6 +216,18 @@ display(tables.show(probe_contrast.set_index(["setting", "FedCTTA"]), best=None)
 display(Markdown(fidelity.probe_contrast_reading(probe_contrast)))
 
 # %% [markdown]
+# The same under TTA-grad as the reference clients ran it (running BN statistics, Adam 1e-5; notebook 10's
+# `grad-running-adam` cell), NIID, against Local: there the server mixes the whole state, running statistics
+# included, so a W near uniform mixing behaves like FedAvg in that cell (FedAvg − Local is in the claims table above
+# and in notebook 10, with the contrast that averages or keeps the running statistics).
+
+# %%
+grad_contrast = fidelity.fedctta_probe_contrast(results_dir, settings=("niid",), seeds=cifar_seeds,
+                                                tta="grad-running-adam", against="local")
+display(tables.show(grad_contrast.set_index(["setting", "FedCTTA"]), best=None))
+display(Markdown(fidelity.probe_contrast_reading(grad_contrast)))
+
+# %% [markdown]
 # ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
 # Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
 # summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs

@@ -342,9 +342,7 @@ if len(reported):
     Path(figure_dir).mkdir(parents=True, exist_ok=True)
     fig.savefig(Path(figure_dir) / "temperature_curve.png")
 # where the second held-out stream reverses the choice, the claims are read at the runner-up too
-t_claims = pd.DataFrame(temperature.pfedbbn_claims(reported, chosen)
-                        + temperature.pfedbbn_claims(reported, temperature.flipped_choices(chosen, t_check),
-                                                     how=temperature.RUNNER_UP)
+t_claims = pd.DataFrame(temperature.checked_claims(reported, chosen, t_check)
                         if len(held_out) and len(reported) else [])
 if len(t_claims):
     display(tables.show(t_claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds",

@@ -147,10 +147,22 @@ def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_r
             store_summary(path, {**summary, "weight_shares": {"self": 0.05, "same domain": 0.2,
                                                               "uniform same-domain": 0.2}})
     table = fedctta_probe_contrast(tmp_path, settings=("niid",)).set_index("FedCTTA")
-    assert table.loc["FedCTTA (probe_bn=client)", "minus FedAvg"] == pytest.approx(5.0)
-    assert table.loc["FedCTTA (probe_bn=eval)", "minus FedAvg"] == pytest.approx(0.0)
+    assert table.loc["FedCTTA (probe_bn=client)", "difference"] == pytest.approx(5.0)
+    assert table.loc["FedCTTA (probe_bn=eval)", "difference"] == pytest.approx(0.0)
+    assert set(table["against"]) == {"FedAvg"} and set(table["tta"]) == {"bn"}
     assert table.loc["FedCTTA (probe_bn=eval)", "W self"] == pytest.approx(0.05)
     assert table.loc["FedCTTA (probe_bn=client)", "runs with W's shares"] == 0
     text = probe_contrast_reading(table.reset_index()).splitlines()
     assert "above FedAvg beyond the 0.5 tie band" in text[0] and "W keeps" not in text[0]
     assert "equal to FedAvg within the 0.5 tie band" in text[1] and "uniform mixing: 0.050" in text[1]
+    # a TTA-grad cell against Local: only the probe normalisations read in that cell
+    for seed in (0, 1):
+        _store(tmp_path, "grad-running-adam", "niid", "local", seed, 73.0 + seed)
+        _store(tmp_path, "grad-running-adam", "niid", "fedctta", seed, 66.0 + seed, {"probe_bn": "eval"})
+    grad = fedctta_probe_contrast(tmp_path, settings=("niid",), tta="grad-running-adam", against="local")
+    assert grad["FedCTTA"].tolist() == ["FedCTTA (probe_bn=client)", "FedCTTA (probe_bn=eval)",
+                                        "FedCTTA (reference code)"]
+    assert grad.set_index("FedCTTA").loc["FedCTTA (probe_bn=eval)", "difference"] == pytest.approx(-7.0)
+    lines = probe_contrast_reading(grad).splitlines()
+    assert lines[0] == "- FedCTTA (probe_bn=client), NIID: no run paired with Local."
+    assert "-7.00 against Local (sd 0.00) over 2 seed(s), below Local beyond the 0.5 tie band" in lines[1]

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, choice_check, choice_check_reading, choice_reading,
-                                           flipped_choices, curve, pfedbbn_claims, select_setting,
+                                           checked_claims, flipped_choices, curve, pfedbbn_claims, select_setting,
                                            source_gains, source_gains_reading,
                                            setting_name, temperature_variants)
 
@@ -50,6 +50,10 @@ def test_the_choice_is_checked_on_a_second_held_out_stream():
     flipped = flipped_choices(chosen, check.reset_index())
     assert flipped[["alpha", "variant"]].values.tolist() == [[0.1, setting_name(2, "none")]]
     assert flipped_choices(chosen, choice_check(chosen, second.iloc[:0])).empty
+    tied = _held_out([(0.1, 1, 0.30, 0.0), (0.1, 2, 0.30, 0.0)])  # equal shares: the rule's smaller T keeps it
+    assert choice_check(chosen, tied)["same choice"].tolist() == [True]
+    tied_up = select_setting(_held_out([(0.1, 4, 0.31, 0.0), (0.1, 2, 0.30, 0.0)]))  # chosen T=4, runner-up T=2
+    assert choice_check(tied_up, _held_out([(0.1, 4, 0.3, 0.0), (0.1, 2, 0.3, 0.0)]))["same choice"].tolist() == [False]
 
 
 def test_claims_pair_seeds_and_read_the_papers_table():
@@ -71,6 +75,10 @@ def test_claims_pair_seeds_and_read_the_papers_table():
     assert "(chosen by the held-out rule)" in bbn["settled by"]
     other = pfedbbn_claims(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.1, "variant": name}]), how="the runner-up")
     assert all("(the runner-up)" in c["settled by"] for c in other)
+    chosen = pd.DataFrame([{"alpha": 0.1, "variant": name, "runner-up": setting_name(8, "none")}])
+    assert pd.DataFrame(checked_claims(pd.DataFrame(rows), chosen, pd.DataFrame())).equals(pd.DataFrame(claims))
+    flipped = pd.DataFrame([{"alpha": 0.1, "same choice": False}])
+    assert len(checked_claims(pd.DataFrame(rows), chosen, flipped)) == 2 * len(claims)
 
 
 def test_curve_averages_seeds():

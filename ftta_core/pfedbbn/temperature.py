@@ -152,15 +152,17 @@ def choice_reading(chosen: pd.DataFrame) -> str:
 def choice_check(chosen: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """The rule's choice and its runner-up (``select_setting``) on a second held-out stream (``second``:
     ``temperature_grid`` rows of ``CHECK_SEED``): their same-domain shares there and whether the choice is the same.
-    One row per alpha whose two settings are both stored at that seed (equal shares count as the same choice)."""
+    One row per alpha whose two settings are both stored at that seed (equal shares: the smaller T, as the rule)."""
     rows = []
     for r in chosen.dropna(subset=["variant", "runner-up"]).to_dict("records"):
         here = second[second["alpha"] == r["alpha"]].set_index("variant")["same domain"]
         if r["variant"] in here and r["runner-up"] in here:
             a, b = here[r["variant"]], here[r["runner-up"]]
+            t_chosen, t_other = (float(v.split(",")[0][2:]) for v in (r["variant"], r["runner-up"]))
             rows.append({"alpha": r["alpha"], "chosen": r["variant"], "runner-up": r["runner-up"],
                          "margin (rule stream)": r["margin"], "chosen share": a, "runner-up share": b,
-                         "margin (second stream)": a - b, "same choice": bool(a >= b)})
+                         "margin (second stream)": a - b,
+                         "same choice": bool(a > b or (a == b and t_chosen <= t_other))})  # the rule's tie-break
     return pd.DataFrame(rows)
 
 
@@ -174,6 +176,14 @@ def flipped_choices(chosen: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
 
 
 RUNNER_UP = f"the runner-up, chosen on the second held-out stream (seed {CHECK_SEED})"
+
+
+def checked_claims(reported: pd.DataFrame, chosen: pd.DataFrame, check: pd.DataFrame,
+                   tie: float = 0.5) -> List[Dict[str, Any]]:
+    """``pfedbbn_claims`` at the rule's choice, and at the runner-up wherever ``choice_check`` found the choice
+    reversed on the second held-out stream (``flipped_choices``)."""
+    return (pfedbbn_claims(reported, chosen, tie)
+            + pfedbbn_claims(reported, flipped_choices(chosen, check), tie, RUNNER_UP))
 
 
 def choice_check_reading(check: pd.DataFrame, seed: int = CHECK_SEED) -> str:
@@ -296,8 +306,7 @@ def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = 
     chosen = select_setting(held, list(temperature_variants()))
     second = temperature_grid(base, [CHECK_SEED], ALPHAS, temperature_variants(), results_dir, True, (grid_dir,),
                               HELD_OUT_STEPS)
-    return (pfedbbn_claims(reported, chosen, tie)
-            + pfedbbn_claims(reported, flipped_choices(chosen, choice_check(chosen, second)), tie, RUNNER_UP))
+    return checked_claims(reported, chosen, choice_check(chosen, second), tie)
 
 
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
@@ -347,4 +356,5 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
 __all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS",
            "CHECK_SEED", "RUNNER_UP", "RESULTS_DIR", "temperature_variants", "reference_variants", "temperature_grid",
            "select_setting", "choice_reading", "choice_check", "choice_check_reading", "flipped_choices",
+           "checked_claims",
            "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base"]
