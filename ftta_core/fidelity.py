@@ -27,11 +27,13 @@ FEDCTTA_VARIANTS: Dict[str, Variant] = {"FedCTTA (probe_bn=client)": ("fedctta",
                                         "FedCTTA (probe_bn=eval)": ("fedctta", {"probe_bn": "eval"}),
                                         "FedCTTA (reference code)": ("fedctta", {"probe_bn": "eval",
                                                                                  "probes": "per_client", "ema": 0.9})}
-# the TTA-grad cells each probe normalisation is read in: "eval" normalises with running statistics (the reference
-# clients), which only the running-BN cells keep
-FEDCTTA_GRAD_CELLS: Dict[str, Tuple[str, ...]] = {"FedCTTA (probe_bn=client)": ("grad", "grad-running-adam"),
-                                                  "FedCTTA (probe_bn=eval)": ("grad-running-adam",),
-                                                  "FedCTTA (reference code)": ("grad-running-adam",)}
+# the (TTA-grad cell, setting) pairs each probe normalisation is read in: "eval" normalises with running statistics
+# (the reference clients), which only the running-BN cells keep; Table I's IID column is read for the reference
+# clients' handling only (the issue's "with the authors' probe handling")
+FEDCTTA_GRAD_CELLS: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "FedCTTA (probe_bn=client)": (("grad", "niid"), ("grad-running-adam", "niid")),
+    "FedCTTA (probe_bn=eval)": (("grad-running-adam", "niid"), ("grad-running-adam", "iid")),
+    "FedCTTA (reference code)": (("grad-running-adam", "niid"), ("grad-running-adam", "iid"))}
 FEDAVGM_VARIANTS: Dict[str, Variant] = {"FedAvgM (momentum on all)": ("fedavgm", {}),
                                         "FedAvgM (momentum on params)": ("fedavgm", {"momentum_on": "params"})}
 
@@ -123,8 +125,8 @@ def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
 def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
                    others: Sequence[str] = ("local", "fedavg", "fedavgm", "fedtsa")) -> List[dict]:
     """FedCTTA Table I: best under NIID TTA-bn (against the best of ``others`` per seed), not below FedAvg under IID
-    TTA-bn, above Local under TTA-grad (in the batch-BN SGD cell and the reference code's running-BN Adam cell);
-    for each probe normalisation stored."""
+    TTA-bn, above Local under TTA-grad (in the cells and settings ``FEDCTTA_GRAD_CELLS`` names: the batch-BN SGD cell
+    and the reference code's running-BN Adam cell); for each probe normalisation stored."""
     paper = _paper("fedctta_table1")
     best_other_paper = max(paper[(METHOD_LABELS[s], "niid", "bn")] for s in others)
     rows = []
@@ -139,12 +141,12 @@ def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
         rows.append(_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
                          paper[("FedCTTA", "iid", "bn")] - paper[("FedAvg", "iid", "bn")],
                          paired(iid, fedavg), tie, f"{label}, TTA-bn, IID", iid, fedavg))
-        for cell in FEDCTTA_GRAD_CELLS[label]:
-            grad, local = (accuracies(results_dir, cell, "niid", variant),
-                           accuracies(results_dir, cell, "niid", ("local", {})))
-            rows.append(_row("FedCTTA above Local under TTA-grad, NIID", "FedCTTA Table I",
-                             paper[("FedCTTA", "niid", "grad")] - paper[("Local", "niid", "grad")],
-                             paired(grad, local), tie, f"{label}, {_cell_label(cell)}, NIID", grad, local))
+        for cell, setting in FEDCTTA_GRAD_CELLS[label]:
+            grad, local = (accuracies(results_dir, cell, setting, variant),
+                           accuracies(results_dir, cell, setting, ("local", {})))
+            rows.append(_row(f"FedCTTA above Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
+                             paper[("FedCTTA", setting, "grad")] - paper[("Local", setting, "grad")],
+                             paired(grad, local), tie, f"{label}, {_cell_label(cell)}, {setting.upper()}", grad, local))
     return rows
 
 
@@ -175,10 +177,9 @@ def claim_grids() -> List[Tuple[str, str, Dict[str, Dict[str, Any]]]]:
     grids = [("bn", "niid", variants(*fedctta, *[(s, {}) for s in ("local", "fedavg", "fedavgm", "fedtsa")],
                                      *FEDAVGM_VARIANTS.values())),
              ("bn", "iid", variants(*fedctta, ("fedavg", {}), *FEDAVGM_VARIANTS.values()))]
-    cells = sorted({cell for cs in FEDCTTA_GRAD_CELLS.values() for cell in cs})
-    for cell in cells:
-        grids.append((cell, "niid", variants(("local", {}), *[v for label, v in FEDCTTA_VARIANTS.items()
-                                                             if cell in FEDCTTA_GRAD_CELLS[label]])))
+    for cell, setting in sorted({pair for pairs in FEDCTTA_GRAD_CELLS.values() for pair in pairs}):
+        grids.append((cell, setting, variants(("local", {}), *[v for label, v in FEDCTTA_VARIANTS.items()
+                                                              if (cell, setting) in FEDCTTA_GRAD_CELLS[label]])))
     return grids
 
 
@@ -287,11 +288,10 @@ def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequ
     stored runs; one row per (setting, probe normalisation)."""
     from .fedtsa.table1 import stored_table1_runs
 
-    labels = [k for k in FEDCTTA_VARIANTS if tta == "bn" or tta in FEDCTTA_GRAD_CELLS[k]]
     rows = []
     for setting in settings:
         reference = accuracies(results_dir, tta, setting, (against, {}), seeds)
-        for label in labels:
+        for label in [k for k in FEDCTTA_VARIANTS if tta == "bn" or (tta, setting) in FEDCTTA_GRAD_CELLS[k]]:
             strategy, params = FEDCTTA_VARIANTS[label]
             grid = stored_table1_runs(results_dir, [strategy], list(seeds), ttas=(tta,), settings=(setting,),
                                       strategy_params=params, extra_keys=("weight_shares",))

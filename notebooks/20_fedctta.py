@@ -217,12 +217,13 @@ display(Markdown(fidelity.probe_contrast_reading(probe_contrast)))
 
 # %% [markdown]
 # The same under TTA-grad as the reference clients ran it (running BN statistics, Adam 1e-5; notebook 10's
-# `grad-running-adam` cell), NIID, against Local: there the server mixes the whole state, running statistics
-# included, so a W near uniform mixing behaves like FedAvg in that cell (FedAvg − Local is in the claims table above
-# and in notebook 10, with the contrast that averages or keeps the running statistics).
+# `grad-running-adam` cell), against Local (NIID for every probe normalisation; IID, Table I's other column, for the
+# reference clients' two): there the server mixes the whole state, running statistics included, so a W near uniform
+# mixing behaves like FedAvg in that cell (FedAvg − Local is in the claims table above and in notebook 10, with the
+# contrast that averages or keeps the running statistics).
 
 # %%
-grad_contrast = fidelity.fedctta_probe_contrast(results_dir, settings=("niid",), seeds=cifar_seeds,
+grad_contrast = fidelity.fedctta_probe_contrast(results_dir, settings=("niid", "iid"), seeds=cifar_seeds,
                                                 tta="grad-running-adam", against="local")
 display(tables.show(grad_contrast.set_index(["setting", "FedCTTA"]), best=None))
 display(Markdown(fidelity.probe_contrast_reading(grad_contrast)))

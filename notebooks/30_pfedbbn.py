@@ -364,6 +364,33 @@ else:
     print("no alpha has the rule's choice and its references stored at a common seed")
 
 # %% [markdown]
+# ## The chosen setting on the whole grid
+# One setting for every column of Table 1 (IID and the three skews): the same rule over the held-out alphas at once
+# (the largest same-domain share averaged over them, ties to the smaller T; `temperature.pooled_shares`), read before
+# any accuracy. pFedBBN runs at it in the columns the curve does not cover (IID and alpha 0.001, planned in the same
+# plan file); each of those columns' claims (above BBN alone, above FedAvg + BBN, W clusters), and in every column
+# pFedBBN against the best other method x server of the stored grid, paired by seed (the grid's other cells have
+# seed 0 only).
+
+# %%
+pooled = temperature.pooled_shares(held_out, t_settings, t_alphas) if len(held_out) else pd.DataFrame()
+if len(pooled):
+    display(tables.show(pooled, digits=3, best=None, caption="same-domain share on the held-out stream, per alpha"))
+    whole_alphas = [None, *t_alphas] if smoke else list(temperature.GRID_ALPHAS)
+    whole, whole_cells = temperature.whole_grid(t_base, pooled.index[0], t_seeds, t_dir, results_dir,
+                                                only_cached=only_stored, alphas=whole_alphas,
+                                                max_steps=t_steps if smoke else None)
+    whole_claims = pd.DataFrame(temperature.whole_grid_claims(whole, whole_cells, pooled.index[0],
+                                                              read_alphas=whole_alphas, skip=t_alphas))
+    display(tables.show(whole_claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
+                                                                          "verdict"]], best=None))
+    display(Markdown(f"The pooled rule picks {pooled.index[0]} (mean share {pooled['mean'].iloc[0]:.3f}"
+                     + (f"; next {pooled.index[1]}, {pooled['mean'].iloc[1]:.3f}" if len(pooled) > 1 else "")
+                     + "). " + fidelity.claims_reading(whole_claims)))
+else:
+    print("the pooled rule needs every setting's held-out run at every alpha: no whole-grid setting yet")
+
+# %% [markdown]
 # ## CIFAR-100-C
 # The paper's second benchmark. CIFAR-100 and a CIFAR-100 source model are not available here, so nothing is run;
 # the code path is the same config with `dataset="cifar100"` (which our config validation rejects until a loader

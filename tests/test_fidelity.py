@@ -116,6 +116,9 @@ def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path
                 _store(tmp_path, tta, setting, variant["strategy"], seed, 60.0 + i + seed, variant["strategy_params"])
     rows = fedctta_claims(tmp_path) + fedavgm_claims(tmp_path)
     assert [r["settled by"] for r in rows if r["verdict"] == "no run" or r["seeds"] != 2] == []
+    # Table I's TTA-grad IID column is read for the reference clients' probe handling only
+    iid = [r["settled by"] for r in rows if r["claim"] == "FedCTTA above Local under TTA-grad, IID"]
+    assert [s.split(",")[0] for s in iid] == ["FedCTTA (probe_bn=eval)", "FedCTTA (reference code)"]
 
 
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
@@ -165,4 +168,6 @@ def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_r
     assert grad.set_index("FedCTTA").loc["FedCTTA (probe_bn=eval)", "difference"] == pytest.approx(-7.0)
     lines = probe_contrast_reading(grad).splitlines()
     assert lines[0] == "- FedCTTA (probe_bn=client), NIID: no run paired with Local."
+    iid = fedctta_probe_contrast(tmp_path, settings=("iid",), tta="grad-running-adam", against="local")
+    assert iid["FedCTTA"].tolist() == ["FedCTTA (probe_bn=eval)", "FedCTTA (reference code)"]
     assert "-7.00 against Local (sd 0.00) over 2 seed(s), below Local beyond the 0.5 tie band" in lines[1]

@@ -155,3 +155,43 @@ def test_source_gains_split_the_margin_between_pfedbbn_and_its_reference():
     paper_margin = 71.96 - 52.33
     assert f"margin is {2.0 - paper_margin:+.2f} from the paper's" in reading
     assert source_gains(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.01, "variant": None}])).empty
+
+
+def test_pooled_rule_averages_the_held_out_alphas_and_waits_for_every_run():
+    from ftta_core.pfedbbn.temperature import pooled_shares
+
+    settings = [setting_name(t, "none") for t in (1, 2, 4)]
+    held = _held_out([(0.1, 1, 0.31, 0.0), (0.1, 2, 0.30, 0.0), (0.1, 4, 0.2, 0.0),
+                      (0.01, 1, 0.10, 0.0), (0.01, 2, 0.26, 0.0), (0.01, 4, 0.2, 0.0)])
+    pooled = pooled_shares(held, settings)
+    assert list(pooled.index) == [setting_name(2, "none"), setting_name(1, "none"), setting_name(4, "none")]
+    assert pooled.loc[setting_name(2, "none"), "mean"] == pytest.approx(0.28)
+    assert list(pooled.columns) == ["alpha 0.1", "alpha 0.01", "mean"]
+    tied = _held_out([(0.1, 4, 0.3, 0.0), (0.1, 2, 0.3, 0.0), (0.01, 4, 0.2, 0.0), (0.01, 2, 0.2, 0.0)])
+    assert pooled_shares(tied, [setting_name(t, "none") for t in (2, 4)]).index[0] == setting_name(2, "none")
+    assert pooled_shares(held[held["variant"] != setting_name(4, "none")], settings).empty  # T=4 could have won
+    assert pooled_shares(held[held["alpha"] == 0.1], settings).empty  # alpha 0.01 not run
+
+
+def test_whole_grid_claims_read_every_column_against_the_best_other_cell():
+    from ftta_core.pfedbbn.temperature import whole_grid_claims
+
+    name = setting_name(2, "none")
+    reported, grid = [], []
+    for alpha in (None, 0.1):
+        for seed in (0, 1):
+            reported += [{"alpha": alpha, "variant": name, "seed": seed, "accuracy": 70.0 + seed,
+                          "same domain": 0.3, "uniform same-domain": 0.16},
+                         {"alpha": alpha, "variant": "BBN alone", "seed": seed, "accuracy": 69.0},
+                         {"alpha": alpha, "variant": "FedAvg + BBN", "seed": seed, "accuracy": 68.0}]
+        grid += [{"alpha": alpha, "seed": 0, "method": "tent", "strategy": "fedavg", "accuracy": 71.0},
+                 {"alpha": alpha, "seed": 0, "method": "bbn", "strategy": "local", "accuracy": 69.0},
+                 {"alpha": alpha, "seed": 0, "method": "bbn", "strategy": "pfedbbn", "accuracy": 99.0}]  # not "other"
+    rows = {r["claim"]: r for r in whole_grid_claims(pd.DataFrame(reported), pd.DataFrame(grid), name,
+                                                     read_alphas=(None, 0.1), skip=(0.1,))}
+    best = "pFedBBN minus the best other method x server of Table 1 (best or near-best under skew), "
+    assert rows[best + "IID"]["ours"] == pytest.approx(-1.0) and rows[best + "IID"]["seeds"] == 1  # seed 0 only
+    assert rows[best + "IID"]["paper"] == pytest.approx(70.11 - 81.95)  # the paper's IID column: FedAvgM + CoTTA
+    assert "Tent + FedAvg on average" in rows[best + "alpha 0.1"]["settled by"]
+    assert rows["pFedBBN above BBN alone, IID"]["ours"] == pytest.approx(1.5)
+    assert "pFedBBN above BBN alone, alpha 0.1" not in rows  # that alpha's own choice is read elsewhere

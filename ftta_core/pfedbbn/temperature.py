@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
@@ -28,6 +28,7 @@ from ..plan import REPO_DIR
 TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
 ALPHAS = (0.1, 0.01)
+GRID_ALPHAS = (None, 0.1, 0.01, 0.001)  # pFedBBN's Table 1 columns (IID, then label skew): the whole grid
 HELD_OUT_SEED = 100
 CHECK_SEED = 101  # a second held-out stream: does the choice between the two best settings hold on it? (no accuracy)
 HELD_OUT_STEPS = 25  # the held-out stream's first 25 of 75 rounds (5 of the 15 corruptions): W's shares, not accuracy
@@ -207,6 +208,17 @@ def curve(grid: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
+def column_label(alpha: Optional[float]) -> str:
+    """A Table 1 column in a claim's words: "IID" or "alpha A"."""
+    return "IID" if alpha is None or pd.isna(alpha) else f"alpha {alpha:g}"
+
+
+def at_alpha(table: pd.DataFrame, alpha: Optional[float]) -> pd.DataFrame:
+    """``table``'s rows in one column (``alpha`` None or NaN: the IID column, stored as a missing alpha)."""
+    missing = alpha is None or pd.isna(alpha)
+    return table[table["alpha"].isna()] if missing else table[table["alpha"] == alpha]
+
+
 def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.5,
                    how: str = "chosen by the held-out rule") -> List[Dict[str, Any]]:
     """pFedBBN's Table 1 claims at the chosen setting: above BBN alone and above FedAvg + BBN per alpha (paired by
@@ -223,20 +235,75 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
         alpha, name = pick["alpha"], pick["variant"]
         if not isinstance(name, str):  # no choice yet (``select_setting``: held-out runs missing)
             continue
-        at = reported[reported["alpha"] == alpha]
+        alpha = None if pd.isna(alpha) else alpha
+        at, column = at_alpha(reported, alpha), column_label(alpha)
         acc = lambda v: at[at["variant"] == v].set_index("seed")["accuracy"]  # noqa: E731
-        where = f"pFedBBN {name} ({how}), BBN clients, alpha {alpha:g}"
+        where = f"pFedBBN {name} ({how}), BBN clients, {column}"
         for ref, strategy in (("BBN alone", "None-Fed"), ("FedAvg + BBN", "FedAvg")):
             theirs = (_paper_value(paper, "pFedBBN", "BBN", alpha) - _paper_value(paper, strategy, "BBN", alpha)
                       if paper_column(alpha) is not None else float("nan"))
-            rows.append(_row(f"pFedBBN above {ref}, alpha {alpha:g}", "pFedBBN Table 1", theirs,
+            rows.append(_row(f"pFedBBN above {ref}, {column}", "pFedBBN Table 1", theirs,
                              paired(acc(name), acc(ref)), tie, where))
         sh = at[at["variant"] == name].set_index("seed")
         clusters = _row(f"pFedBBN's W clusters by domain (same-domain share minus uniform, in points), "
-                        f"alpha {alpha:g}", "pFedBBN Fig 5 (no number: 'clusters')", float("nan"),
+                        f"{column}", "pFedBBN Fig 5 (no number: 'clusters')", float("nan"),
                         paired(100 * sh["same domain"], 100 * sh["uniform same-domain"]), tie, where)
         clusters["verdict"] = verdict(clusters["ours"], 1.0 + tie, tie)  # the paper's claim: above uniform
         rows.append(clusters)
+    return rows
+
+
+def pooled_shares(held_out: pd.DataFrame, settings: Sequence[str], alphas: Sequence[float] = ALPHAS) -> pd.DataFrame:
+    """The rule over the held-out alphas at once, for the one setting the whole grid runs at: each of ``settings``'
+    same-domain share on the held-out stream per alpha and their mean, best first (ties: smaller T). Empty until
+    every setting has its held-out run at every alpha (a setting not run could have won)."""
+    rows = held_out[held_out["variant"].isin(list(settings))]
+    wide = rows.pivot_table(index="variant", columns="alpha", values="same domain")
+    if not set(settings) <= set(wide.index) or not set(alphas) <= set(wide.columns) or wide.isna().any().any():
+        return pd.DataFrame(columns=[*(column_label(a) for a in alphas), "mean"])
+    wide = wide[list(alphas)].rename(columns=column_label)
+    wide["mean"] = wide.mean(axis=1)
+    order = wide.assign(T=wide.index.str.extract(r"T=([\d.]+)", expand=False).astype(float).values)
+    return order.sort_values(["mean", "T"], ascending=[False, True]).drop(columns="T")
+
+
+WHOLE_GRID = "one setting for the whole grid: the held-out rule over the study's alphas at once"
+
+
+def whole_grid_claims(reported: pd.DataFrame, grid_rows: pd.DataFrame, setting: str, tie: float = 0.5,
+                      read_alphas: Sequence[Optional[float]] = GRID_ALPHAS,
+                      skip: Sequence[float] = ()) -> List[Dict[str, Any]]:
+    """pFedBBN at ``setting`` (``pooled_shares``' first) in every column of its Table 1 grid (``read_alphas``):
+    ``pfedbbn_claims`` per column (except the alphas in ``skip``, whose own choice is read already), and "best or
+    near-best": pFedBBN minus the best of the grid's other cells (every method x server but pFedBBN), paired by
+    seed, beside the paper's difference in that column. ``reported``: ``temperature_grid`` rows at the columns with
+    ``setting`` and the references; ``grid_rows``: ``imbalance.run_rows`` of the stored Table 1 grid."""
+    from ..fidelity import _row, paired
+    from ..paper import paper_table
+    from .imbalance import STRATEGY_LABELS, METHOD_LABELS, paper_column
+
+    paper = paper_table("pfedbbn_table1")
+    paper = paper[paper.dataset == "cifar10"]
+    kept = [a for a in read_alphas if len(at_alpha(reported, a)) and (a is None or a not in skip)]
+    rows = pfedbbn_claims(reported, pd.DataFrame({"alpha": kept, "variant": setting}), tie, WHOLE_GRID)
+    for alpha in read_alphas:
+        mine = at_alpha(reported, alpha)
+        ours = mine[mine["variant"] == setting].set_index("seed")["accuracy"]
+        cells = at_alpha(grid_rows, alpha)
+        cells = cells[~((cells["method"] == "bbn") & (cells["strategy"] == "pfedbbn"))]
+        if cells.empty:
+            continue
+        best = cells.groupby("seed")["accuracy"].max()
+        top = cells.groupby(["strategy", "method"])["accuracy"].mean().idxmax()
+        theirs = paper[paper["column"] == paper_column(alpha)]
+        others = theirs[(theirs["strategy"] != "pFedBBN") & (theirs["method"] != "Source")]
+        paper_gap = (float(theirs.loc[theirs["strategy"] == "pFedBBN", "accuracy"].iloc[0]) - others["accuracy"].max()
+                     if len(others) else float("nan"))
+        rows.append(_row(f"pFedBBN minus the best other method x server of Table 1 (best or near-best under skew), "
+                         f"{column_label(alpha)}", "pFedBBN Table 1", paper_gap, paired(ours, best), tie,
+                         f"pFedBBN {setting} ({WHOLE_GRID}) against the best of {len(cells.groupby(['strategy', 'method']))} "
+                         f"other cells ({METHOD_LABELS.get(top[1], top[1])} + {STRATEGY_LABELS.get(top[0], top[0])} "
+                         f"on average), {column_label(alpha)}"))
     return rows
 
 
@@ -294,7 +361,8 @@ def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = 
                   seeds: Sequence[int] = (0, 1, 2), tie: float = 0.5) -> List[Dict[str, Any]]:
     """``pfedbbn_claims`` from the study's stored runs on pFedBBN's full protocol (nothing runs), for each alpha whose
     held-out runs are all stored (``select_setting`` makes no choice for the others); where the second held-out
-    stream reverses the choice (``choice_check``), the claims at the runner-up too."""
+    stream reverses the choice (``choice_check``), the claims at the runner-up too; and, once every held-out run is
+    stored, the pooled setting's claims on the whole grid (``whole_grid``)."""
     from .imbalance import pfedbbn_config
 
     base = pfedbbn_config(dataset="cifar10")
@@ -306,7 +374,26 @@ def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = 
     chosen = select_setting(held, list(temperature_variants()))
     second = temperature_grid(base, [CHECK_SEED], ALPHAS, temperature_variants(), results_dir, True, (grid_dir,),
                               HELD_OUT_STEPS)
-    return checked_claims(reported, chosen, choice_check(chosen, second), tie)
+    claims = checked_claims(reported, chosen, choice_check(chosen, second), tie)
+    pooled = pooled_shares(held, list(temperature_variants()))
+    if len(pooled):
+        whole, grid_rows = whole_grid(base, pooled.index[0], seeds, results_dir, grid_dir)
+        claims += whole_grid_claims(whole, grid_rows, pooled.index[0], tie, skip=ALPHAS)
+    return claims
+
+
+def whole_grid(base: ExperimentConfig, setting: str, seeds: Sequence[int], results_dir: Path | str = RESULTS_DIR,
+               grid_dir: Path | str = GRID_DIR, only_cached: bool = True,
+               alphas: Sequence[Optional[float]] = GRID_ALPHAS,
+               max_steps: Optional[int] = None) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """pFedBBN at ``setting`` with its references in every column (``alphas``; runs the missing ones unless
+    ``only_cached``, plans them under ``FTTA_PLAN``), and ``imbalance.run_rows`` of the stored Table 1 grid."""
+    from ..workbook import stored_summaries
+    from .imbalance import run_rows, table1_variants
+
+    runs = temperature_grid(base, seeds, alphas, {setting: temperature_variants()[setting], **reference_variants()},
+                            results_dir, only_cached, (grid_dir,), max_steps)
+    return runs, run_rows(stored_summaries(base, table1_variants(base, alphas=alphas), seeds, Path(grid_dir)))
 
 
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
