@@ -366,11 +366,13 @@ else:
 # %% [markdown]
 # ## The chosen setting on the whole grid
 # One setting for every column of Table 1 (IID and the three skews): the same rule over the held-out alphas at once
-# (the largest same-domain share averaged over them, ties to the smaller T; `temperature.pooled_shares`), read before
-# any accuracy. pFedBBN runs at it in the columns the curve does not cover (IID and alpha 0.001, planned in the same
-# plan file); each of those columns' claims (above BBN alone, above FedAvg + BBN, W clusters), and in every column
-# pFedBBN against the best other method x server of the stored grid, paired by seed (the grid's other cells have
-# seed 0 only).
+# (the largest same-domain share averaged over them, ties to the smaller T; `temperature.pooled_shares`). It reads
+# W's shares only; this pooled form was added on 2026-11-27, after the per-alpha accuracies above were stored, and
+# before any run of its setting in the two columns it is new to. pFedBBN runs at it in the columns the curve does not
+# cover (IID and alpha 0.001, planned in the same plan file); each of those columns' claims (above BBN alone, above
+# FedAvg + BBN, W clusters), and in every column pFedBBN against the best other method x server of the stored grid,
+# paired by seed (the grid's other cells have seed 0 only). Then, as above, both sides of each new column's claims
+# as gains over the source model, beside the paper's, to say where a difference from the paper sits.
 
 # %%
 pooled = temperature.pooled_shares(held_out, t_settings, t_alphas) if len(held_out) else pd.DataFrame()
@@ -387,6 +389,11 @@ if len(pooled):
     display(Markdown(f"The pooled rule picks {pooled.index[0]} (mean share {pooled['mean'].iloc[0]:.3f}"
                      + (f"; next {pooled.index[1]}, {pooled['mean'].iloc[1]:.3f}" if len(pooled) > 1 else "")
                      + "). " + fidelity.claims_reading(whole_claims)))
+    new_columns = pd.DataFrame({"alpha": [a for a in whole_alphas if a not in t_alphas], "variant": pooled.index[0]})
+    whole_gains = temperature.source_gains(whole, new_columns)
+    if len(whole_gains):
+        display(tables.show(whole_gains.set_index(["alpha", "row"]), best=None))
+        display(Markdown(temperature.source_gains_reading(whole_gains)))
 else:
     print("the pooled rule needs every setting's held-out run at every alpha: no whole-grid setting yet")
 

@@ -42,6 +42,13 @@ def setting_name(temperature: float, scale: str) -> str:
     return f"T={temperature:g}, scale={scale}"
 
 
+def with_setting(table: pd.DataFrame) -> pd.DataFrame:
+    """``table``'s rows whose variant is a pFedBBN setting (``setting_name``), with its "T" and "scale" as columns."""
+    out = table[table["variant"].str.startswith("T=")].copy()
+    parts = out["variant"].str.extract(r"T=([\d.]+), scale=(\w+)")
+    return out.assign(T=parts[0].astype(float), scale=parts[1])
+
+
 def bbn_base(base: ExperimentConfig, alpha: Optional[float], max_steps: Optional[int] = None) -> ExperimentConfig:
     """``base`` with BBN clients (the benchmark's settings), label skew ``alpha`` and, if given, ``max_steps``."""
     from .imbalance import local_settings
@@ -117,9 +124,7 @@ def select_setting(held_out: pd.DataFrame, settings: Optional[Sequence[str]] = N
     runs" (stored of ``settings``, the grid's setting names), the "runner-up" setting and the "margin" of the chosen
     one's share over it (how near the choice was): an alpha whose held-out runs do not cover every one of
     ``settings`` gets no choice (variant missing), since a setting not run could have won."""
-    rows = held_out[held_out["variant"].str.startswith("T=")].copy()
-    rows["T"] = rows["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
-    rows = rows.sort_values(["alpha", "same domain", "T"], ascending=[True, False, True])
+    rows = with_setting(held_out).sort_values(["alpha", "same domain", "T"], ascending=[True, False, True])
     chosen = rows.groupby("alpha", sort=False).head(1)[["alpha", "variant", "same domain", "uniform same-domain",
                                                          "self"]].reset_index(drop=True)
     second = rows.groupby("alpha", sort=False).nth(1).set_index("alpha")
@@ -159,7 +164,7 @@ def choice_check(chosen: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
         here = second[second["alpha"] == r["alpha"]].set_index("variant")["same domain"]
         if r["variant"] in here and r["runner-up"] in here:
             a, b = here[r["variant"]], here[r["runner-up"]]
-            t_chosen, t_other = (float(v.split(",")[0][2:]) for v in (r["variant"], r["runner-up"]))
+            t_chosen, t_other = with_setting(pd.DataFrame({"variant": [r["variant"], r["runner-up"]]}))["T"]
             rows.append({"alpha": r["alpha"], "chosen": r["variant"], "runner-up": r["runner-up"],
                          "margin (rule stream)": r["margin"], "chosen share": a, "runner-up share": b,
                          "margin (second stream)": a - b,
@@ -263,7 +268,7 @@ def pooled_shares(held_out: pd.DataFrame, settings: Sequence[str], alphas: Seque
         return pd.DataFrame(columns=[*(column_label(a) for a in alphas), "mean"])
     wide = wide[list(alphas)].rename(columns=column_label)
     wide["mean"] = wide.mean(axis=1)
-    order = wide.assign(T=wide.index.str.extract(r"T=([\d.]+)", expand=False).astype(float).values)
+    order = wide.assign(T=with_setting(pd.DataFrame({"variant": wide.index}))["T"].values)
     return order.sort_values(["mean", "T"], ascending=[False, True]).drop(columns="T")
 
 
@@ -322,7 +327,8 @@ def source_gains(reported: pd.DataFrame, chosen: pd.DataFrame) -> pd.DataFrame:
         alpha, name = pick["alpha"], pick["variant"]
         if not isinstance(name, str):
             continue
-        at = reported[reported["alpha"] == alpha]
+        alpha = None if pd.isna(alpha) else alpha
+        at = at_alpha(reported, alpha)
         compared = {"BBN alone": ("None-Fed", "BBN alone"), "FedAvg + BBN": ("FedAvg", "FedAvg + BBN"),
                     f"pFedBBN {name}": ("pFedBBN", name)}
         seeds = sorted(set.intersection(*[set(at.loc[at["variant"] == v, "seed"]) for _, v in compared.values()]))
@@ -344,12 +350,12 @@ def source_gains_reading(gains: pd.DataFrame) -> str:
     """``source_gains`` in words, per alpha: each side's gain over the source model, ours against the paper's, and
     how much of the difference between our pFedBBN-above-BBN-alone margin and the paper's each side makes."""
     lines = []
-    for alpha, g in gains.groupby("alpha", sort=False):
+    for alpha, g in gains.groupby("alpha", sort=False, dropna=False):
         by = g.set_index("row")
         ref, mine = by.loc["BBN alone - source"], by.loc[[r for r in by.index if r.startswith("pFedBBN")][0]]
         gap = (mine["ours"] - ref["ours"]) - (mine["paper"] - ref["paper"])
         lines.append(
-            f"- alpha {alpha:g} ({int(ref['seeds'])} seed(s)): the source model {by.loc['source model', 'ours']:.2f} "
+            f"- {column_label(alpha)} ({int(ref['seeds'])} seed(s)): the source model {by.loc['source model', 'ours']:.2f} "
             f"(paper {by.loc['source model', 'paper']:.2f}); BBN alone {ref['ours']:+.2f} from it (paper "
             f"{ref['paper']:+.2f}), pFedBBN {mine['ours']:+.2f} (paper {mine['paper']:+.2f}). Our pFedBBN-above-"
             f"BBN-alone margin is {gap:+.2f} from the paper's: {mine['ours'] - mine['paper']:+.2f} of it from "
@@ -407,9 +413,7 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
     alphas = sorted(grid["alpha"].unique(), reverse=True)
     fig, axes = plt.subplots(2, len(alphas), figsize=(min(style.MAX_WIDTH, 4.2 * len(alphas)), 6.2), squeeze=False,
                              sharey="row", layout="constrained")
-    pf = grid[grid["variant"].str.startswith("T=")].copy()
-    pf["T"] = pf["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
-    pf["scale"] = pf["variant"].str.extract(r"scale=(\w+)")[0]
+    pf = with_setting(grid)
     pf["same-domain share"] = pf["same domain"]
     for k, alpha in enumerate(alphas):
         top, bottom = axes[0, k], axes[1, k]
@@ -423,9 +427,7 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
         if pd.notna(uniform):
             bottom.axhline(uniform, color="0.3", ls="--", lw=1, label="uniform mixing (FedAvg)")
         if held_out is not None and len(held_out):
-            h = held_out[(held_out["alpha"] == alpha) & held_out["variant"].str.startswith("T=")].copy()
-            h["T"] = h["variant"].str.extract(r"T=([\d.]+)")[0].astype(float)
-            h["scale"] = h["variant"].str.extract(r"scale=(\w+)")[0]
+            h = with_setting(held_out[held_out["alpha"] == alpha])
             for scale, g in h.groupby("scale"):
                 g = g.sort_values("T")
                 bottom.plot(g["T"], g["same domain"], "s--", mfc="white", lw=0.8, label=f"{scale}, held-out stream")
@@ -443,5 +445,6 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
 __all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS",
            "CHECK_SEED", "RUNNER_UP", "RESULTS_DIR", "temperature_variants", "reference_variants", "temperature_grid",
            "select_setting", "choice_reading", "choice_check", "choice_check_reading", "flipped_choices",
-           "checked_claims",
+           "checked_claims", "with_setting", "pooled_shares", "whole_grid", "whole_grid_claims",
+           "column_label", "at_alpha", "GRID_ALPHAS",
            "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base"]
