@@ -166,8 +166,9 @@ def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> L
 
 
 def claim_grids() -> List[Tuple[str, str, Dict[str, Dict[str, Any]]]]:
-    """What ``fedctta_claims`` and ``fedavgm_claims`` read: (tta, setting, run_grid variants) with each variant as
-    ``{"strategy": ..., "strategy_params": ...}``, for ``workbook.run_grid`` on ``table1_config`` (e.g. under
+    """What ``fedctta_claims`` and ``fedavgm_claims`` read, with the TTA-grad cells' FedAvg that
+    ``fedctta_probe_contrast(..., against="fedavg")`` pairs FedCTTA with: (tta, setting, run_grid variants) with each
+    variant as ``{"strategy": ..., "strategy_params": ...}``, for ``workbook.run_grid`` on ``table1_config`` (e.g. under
     ``FTTA_PLAN`` to plan the seeds a claim lacks). ``tta_grad_claims`` reads the 2x2 plan's runs
     (``figures/fedtsa_table1/tta_grad_2x2.plan.jsonl``)."""
     def variants(*vs: Variant) -> Dict[str, Dict[str, Any]]:
@@ -178,8 +179,8 @@ def claim_grids() -> List[Tuple[str, str, Dict[str, Dict[str, Any]]]]:
                                      *FEDAVGM_VARIANTS.values())),
              ("bn", "iid", variants(*fedctta, ("fedavg", {}), *FEDAVGM_VARIANTS.values()))]
     for cell, setting in sorted({pair for pairs in FEDCTTA_GRAD_CELLS.values() for pair in pairs}):
-        grids.append((cell, setting, variants(("local", {}), *[v for label, v in FEDCTTA_VARIANTS.items()
-                                                              if (cell, setting) in FEDCTTA_GRAD_CELLS[label]])))
+        probes = [v for label, v in FEDCTTA_VARIANTS.items() if (cell, setting) in FEDCTTA_GRAD_CELLS[label]]
+        grids.append((cell, setting, variants(("local", {}), ("fedavg", {}), *probes)))
     return grids
 
 

@@ -229,6 +229,17 @@ display(tables.show(grad_contrast.set_index(["setting", "FedCTTA"]), best=None))
 display(Markdown(fidelity.probe_contrast_reading(grad_contrast)))
 
 # %% [markdown]
+# The same FedCTTA runs against FedAvg in that cell (uniform mixing of the whole state), paired by seed: how far
+# FedCTTA's learned W lands from uniform mixing in accuracy.
+
+# %%
+grad_vs_fedavg = fidelity.fedctta_probe_contrast(results_dir, settings=("niid", "iid"), seeds=cifar_seeds,
+                                                 tta="grad-running-adam", against="fedavg")
+display(tables.show(grad_vs_fedavg.set_index(["setting", "FedCTTA"])[["against", "difference", "sd", "seeds",
+                                                                     "stale runs"]], best=None))
+display(Markdown(fidelity.probe_contrast_reading(grad_vs_fedavg)))
+
+# %% [markdown]
 # ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
 # Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
 # summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs

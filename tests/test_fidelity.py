@@ -119,6 +119,9 @@ def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path
     # Table I's TTA-grad IID column is read for the reference clients' probe handling only
     iid = [r["settled by"] for r in rows if r["claim"] == "FedCTTA above Local under TTA-grad, IID"]
     assert [s.split(",")[0] for s in iid] == ["FedCTTA (probe_bn=eval)", "FedCTTA (reference code)"]
+    # each TTA-grad cell plans FedAvg too: notebook 20 pairs FedCTTA with it there (uniform mixing of the whole state)
+    assert all({"local", "fedavg"} <= {v["strategy"] for v in variants.values()}
+               for tta, _, variants in claim_grids() if tta != "bn")
 
 
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
