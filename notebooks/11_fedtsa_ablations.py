@@ -271,7 +271,8 @@ def sweep_param_reading(table, name, values):
     means = (common if len(common) else ps[keys]).mean()
     best = means.idxmax()
     on = ("" if len(common) == len(ps[keys].dropna(how="all")) else
-          f"; compared on the {len(common)} seed{'s' if len(common) != 1 else ''} every value has")
+          f"; compared on the {len(common)} seed{'s' if len(common) != 1 else ''} every value has" if len(common) else
+          "; no seed has every value, so the means are over different seeds")
     where = ("the largest value tried" if best == keys[-1] else "the smallest value tried" if best == keys[0]
              else "inside the range tried")
     steps = [difference_phrase(ps[b], ps[a], b, a) for a, b in zip(keys, keys[1:])]
