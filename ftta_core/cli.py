@@ -400,6 +400,8 @@ def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategies", nargs="+", required=True)
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
+    p.add_argument("--lr", type=float, default=None,
+                   help="the TTA-grad cell's step size instead of its own (the step-size axis of tta-grad-cells)")
     _defer_shared_options(p, ("dataset", "model", "device", "backend", "max_steps"))
     p.add_argument("--results", type=Path, required=True, help="folder of per-run summaries (cache)")
     p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
@@ -418,7 +420,7 @@ def cmd_fedtsa_table(args: argparse.Namespace) -> int:
     frames = []
     for setting in args.settings:
         base = table1_config(args.dataset, setting, args.tta, device=args.device, model=args.model,
-                             backend=args.backend, max_steps=args.max_steps)
+                             backend=args.backend, max_steps=args.max_steps, lr=args.lr)
         if args.tta == "bn":  # stateless local phase: all strategies of a seed share one pass
             g = run_strategy_grid(base, args.strategies, args.seeds, results_dir=args.results,
                                   only_cached=args.only_cached)
@@ -448,6 +450,10 @@ def _add_tta_grad_cells(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--results", type=Path, default=Path("figures/fedtsa_table1/runs"))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
+    p.add_argument("--cells", nargs="+", choices=list(TTA_CHOICES[1:]), default=list(TTA_CHOICES[1:]))
+    p.add_argument("--lrs", nargs="+", type=float, default=None,
+                   help="step sizes to read in each cell (runs made with fedtsa-table --lr; default: each cell's own)")
+    p.add_argument("--model", default=None, help="source model of the runs (default: the shipped one)")
     p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
     p.set_defaults(func=cmd_tta_grad_cells)
 
@@ -456,7 +462,8 @@ def cmd_tta_grad_cells(args: argparse.Namespace) -> int:
     from .fedtsa.table1 import tta_grad_cells, tta_grad_cells_reading
     from .workbook import markdown_table
 
-    table = tta_grad_cells(results_dir=args.results, seeds=args.seeds, settings=args.settings)
+    table = tta_grad_cells(results_dir=args.results, seeds=args.seeds, settings=args.settings, cells=args.cells,
+                           lrs=args.lrs or (None,), model=args.model)
     args.table.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.table.with_suffix(".csv"), index=False)
     write_markdown(args.table.with_suffix(".md"),

@@ -174,3 +174,34 @@ def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_r
     iid = fedctta_probe_contrast(tmp_path, settings=("iid",), tta="grad-running-adam", against="local")
     assert iid["FedCTTA"].tolist() == ["FedCTTA (probe_bn=eval)", "FedCTTA (reference code)"]
     assert "-7.00 against Local (sd 0.00) over 2 seed(s), below Local beyond the 0.5 tie band" in lines[1]
+
+
+def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
+    """Runs made with ``fedtsa-table --lr`` form their own row; they never enter the cell's default-step row."""
+    from ftta_core.fedtsa.table1 import degraded_local_reading, tta_grad_cells, tta_grad_cells_reading
+
+    def store(strategy, accuracy, lr=None, tta="grad-running-adam", local=None):
+        cfg = dataclasses.replace(table1_config("cifar10", "iid", tta, lr=lr), strategy=strategy, seed=0)
+        store_summary(tmp_path / f"{config_key(cfg)}.json",
+                      {"accuracy": accuracy, "accuracy_local": local if local is not None else accuracy,
+                       "config": cfg.to_dict()})
+
+    store("fedavg", 70.0, tta="bn", local=68.0)
+    store("local", 71.0)
+    store("fedavg", 70.5)
+    store("local", 60.0, lr=1e-3)
+    store("fedavg", 66.0, lr=1e-3)
+    cells = tta_grad_cells(results_dir=tmp_path, cells=["grad-running-adam"], lrs=[None, 1e-3], settings=["iid"])
+    own, big = cells.to_dict("records")
+    assert own["optimizer"] == "adam 1e-05" and big["optimizer"] == "adam 0.001"
+    assert own["local - local(bn)"] == pytest.approx(3.0) and own["FedAvg - local"] == pytest.approx(-0.5)
+    assert big["local - local(bn)"] == pytest.approx(-8.0) and big["FedAvg - local"] == pytest.approx(6.0)
+    reading = tta_grad_cells_reading(cells)
+    assert "grad-running-adam (IID), 1 seed(s)" in reading and "the paper's pattern does not hold" in reading
+    assert "grad-running-adam (IID, adam 0.001), 1 seed(s)" in reading and "the paper's pattern holds" in reading
+    degraded = degraded_local_reading(cells)
+    assert "below Local(bn) in 1 of 2 row(s)" in degraded and "adam 0.001 (IID): Local(grad) − Local(bn) -8.00" in degraded
+    assert "FedAvg gains more than 0.5 points over Local in 1 of them" in degraded
+    assert "In none of the 1 row(s)" in degraded_local_reading(cells.iloc[:1])
+    with pytest.raises(ValueError, match="TTA-bn takes no gradient step"):
+        table1_config("cifar10", "iid", "bn", lr=1e-3)

@@ -5,7 +5,7 @@ stored runs read back per column, our numbers beside the paper's with its claims
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -112,13 +112,20 @@ TABLE1_SETTINGS = ("niid", "iid")
 
 
 def table1_config(dataset: str, setting: str, tta: str, device: str = "auto", model: Optional[str] = None,
-                  backend: str = "vectorized", max_steps: Optional[int] = None) -> ExperimentConfig:
+                  backend: str = "vectorized", max_steps: Optional[int] = None,
+                  lr: Optional[float] = None) -> ExperimentConfig:
     """The base config of one Table I column, exactly as ``python -m ftta_core fedtsa-table`` builds it (so its
     stored runs are found by config hash): 20 clients, batch 10, 500 images per client and corruption, severity 5;
-    ``model``: the source model (None: the dataset's shipped one, ``training.SOURCE_MODELS``)."""
+    ``model``: the source model (None: the dataset's shipped one, ``training.SOURCE_MODELS``); ``lr``: the TTA-grad
+    cell's step size instead of its own (the step-size axis of ``tta_grad_cells``; TTA-bn has none)."""
+    settings = TTA_SETTINGS[tta]
+    if lr is not None:
+        if tta == "bn":
+            raise ValueError("lr: TTA-bn takes no gradient step; give a TTA-grad cell (grad, grad-adam, ...)")
+        settings = {**settings, "local_params": {**settings["local_params"], "lr": float(lr)}}
     return ExperimentConfig(dataset=dataset, scenario=f"fedtsa_{setting}", clients=20, batch_size=10,
                             images_per_client=500, severity=5, device=device, backend=backend, max_steps=max_steps,
-                            model=model, **TTA_SETTINGS[tta])
+                            model=model, **settings)
 
 
 # config fields a FedTSA-protocol scenario does not read (their defaults changed over time: older stored runs carry
@@ -139,12 +146,14 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
                        dataset: str = "cifar10", ttas: Sequence[str] = ("bn", "grad"),
                        settings: Sequence[str] = TABLE1_SETTINGS,
                        strategy_params: Optional[Mapping[str, Any]] = None,
-                       model: Optional[str] = None, extra_keys: Sequence[str] = ()) -> pd.DataFrame:
+                       model: Optional[str] = None, extra_keys: Sequence[str] = (),
+                       lr: Optional[float] = None) -> pd.DataFrame:
     """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
     with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ..., and the
     summary keys named in ``extra_keys``, e.g. ``accuracy_by_domain``).
     ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
-    with ``run-plan``) instead of their defaults; ``model``: the runs on this source model (None: the shipped one).
+    with ``run-plan``) instead of their defaults; ``model``: the runs on this source model (None: the shipped one);
+    ``lr``: the TTA-grad runs at this step size instead of each cell's own (TTA-bn runs are read unchanged).
 
     ``code``: the run's ``runstore.run_status`` (current, stale: made by code that changed since, unrecorded).
 
@@ -158,7 +167,7 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
     rows = []
     for tta in ttas:
         for setting in settings:
-            base = table1_config(dataset, setting, tta, model=model).to_dict()
+            base = table1_config(dataset, setting, tta, model=model, lr=None if tta == "bn" else lr).to_dict()
             for s in summaries:
                 c = s.get("config", {})
                 if _matches_column(c, base, strategies, seeds, strategy_params):
@@ -193,48 +202,60 @@ GRAD_CELLS = ("grad", "grad-adam", "grad-running", "grad-running-adam")
 
 def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/fedtsa_table1/runs",
                    seeds: Sequence[int] = (0, 1, 2, 3, 4), settings: Sequence[str] = TABLE1_SETTINGS,
-                   strategies: Sequence[str] = ("local", "fedavg", "fedtsa")) -> pd.DataFrame:
+                   strategies: Sequence[str] = ("local", "fedavg", "fedtsa"), cells: Sequence[str] = GRAD_CELLS,
+                   lrs: Sequence[Optional[float]] = (None,), model: Optional[str] = None) -> pd.DataFrame:
     """The TTA-grad 2x2 (BatchNorm {batch, running} x optimiser {SGD 1e-4, Adam 1e-5}) from stored Table 1 runs.
 
-    One row per (cell, setting): the cell's local settings, the seeds with a Local run, Local's accuracy, and,
-    paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
+    One row per (cell, step size, setting): the cell's local settings, the seeds with a Local run, Local's accuracy,
+    and, paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
     ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1), with the standard
     deviation of the paired differences (``... sd``, NaN below 2 seeds). NaN where a run is missing. ``stale runs``:
-    how many of the cell's runs were made by code that has changed since (``python -m ftta_core reproduce`` them)."""
-    grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn", *GRAD_CELLS), settings)
+    how many of the cell's runs were made by code that has changed since (``python -m ftta_core reproduce`` them).
+    ``lrs``: the step sizes to read for each cell (None: the cell's own; others: runs planned with
+    ``fedtsa-table --tta CELL --lr X``); ``model``: the source model (None: the shipped one)."""
     paper = paper_table("fedtsa_table1")
     paper = paper[paper.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
+    bn_grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn",), settings, model=model)
     rows = []
-    for cell in GRAD_CELLS:
-        params = TTA_SETTINGS[cell]["local_params"]
-        for setting in settings:
-            g = grid[(grid.tta == cell) & (grid.setting == setting)] if len(grid) else grid
-            bn = grid[(grid.tta == "bn") & (grid.setting == setting)] if len(grid) else grid
-            local = _per_seed(g, "local", "grad") if len(g) else pd.Series(dtype=float)
-            local_bn = bn.groupby("seed")["accuracy_local"].first() if len(bn) else pd.Series(dtype=float)
-            row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
-                   "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
-            paired = local.index.intersection(local_bn.index)
-            gap = local[paired] - local_bn[paired]
-            row["local - local(bn)"] = gap.mean() if len(paired) else float("nan")
-            row["local - local(bn) sd"] = gap.std(ddof=1) if len(paired) > 1 else float("nan")
-            row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
-                                               - paper.get(("Local", setting, "bn"), float("nan")))
-            for s in strategies:
-                if s == "local":
-                    continue
-                theirs = _per_seed(g, s, "grad") if len(g) else pd.Series(dtype=float)
-                both = local.index.intersection(theirs.index)
-                label = METHOD_LABELS.get(s, s)
-                diff = theirs[both] - local[both]
-                row[f"{label} - local"] = diff.mean() if len(both) else float("nan")
-                row[f"{label} - local sd"] = diff.std(ddof=1) if len(both) > 1 else float("nan")
-                row[f"{label} seeds"] = len(both)
-                row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
-                                                  - paper.get(("Local", setting, "grad"), float("nan")))
-            row["stale runs"] = int((g["code"] == "stale").sum()) if len(g) else 0
-            rows.append(row)
+    for cell in cells:
+        for lr in lrs:
+            grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, (cell,), settings,
+                                      model=model, lr=lr)
+            params = table1_config(dataset, "niid", cell, lr=lr).local_params
+            for setting in settings:
+                g = grid[grid.setting == setting] if len(grid) else grid
+                bn = bn_grid[bn_grid.setting == setting] if len(bn_grid) else bn_grid
+                rows.append(_grad_cell_row(cell, params, setting, g, bn, strategies, paper))
     return pd.DataFrame(rows)
+
+
+def _grad_cell_row(cell: str, params: Mapping[str, Any], setting: str, g: pd.DataFrame, bn: pd.DataFrame,
+                   strategies: Sequence[str], paper: pd.Series) -> Dict[str, Any]:
+    """One row of ``tta_grad_cells``: the stored runs ``g`` of a cell and setting against TTA-bn's ``bn``."""
+    local = _per_seed(g, "local", "grad") if len(g) else pd.Series(dtype=float)
+    local_bn = bn.groupby("seed")["accuracy_local"].first() if len(bn) else pd.Series(dtype=float)
+    row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
+           "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
+    paired = local.index.intersection(local_bn.index)
+    gap = local[paired] - local_bn[paired]
+    row["local - local(bn)"] = gap.mean() if len(paired) else float("nan")
+    row["local - local(bn) sd"] = gap.std(ddof=1) if len(paired) > 1 else float("nan")
+    row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
+                                       - paper.get(("Local", setting, "bn"), float("nan")))
+    for s in strategies:
+        if s == "local":
+            continue
+        theirs = _per_seed(g, s, "grad") if len(g) else pd.Series(dtype=float)
+        both = local.index.intersection(theirs.index)
+        label = METHOD_LABELS.get(s, s)
+        diff = theirs[both] - local[both]
+        row[f"{label} - local"] = diff.mean() if len(both) else float("nan")
+        row[f"{label} - local sd"] = diff.std(ddof=1) if len(both) > 1 else float("nan")
+        row[f"{label} seeds"] = len(both)
+        row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
+                                          - paper.get(("Local", setting, "grad"), float("nan")))
+    row["stale runs"] = int((g["code"] == "stale").sum()) if len(g) else 0
+    return row
 
 
 def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
@@ -243,7 +264,9 @@ def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
     without runs."""
     parts = []
     for d in table.to_dict("records"):
-        name = f"{d['cell']} ({d['setting'].upper()})"
+        own = TTA_SETTINGS[d["cell"]]["local_params"]
+        own = f"{own['optimizer']} {own['lr']:g}"
+        name = f"{d['cell']} ({d['setting'].upper()}" + ("" if d["optimizer"] == own else f", {d['optimizer']}") + ")"
         gap, gain = d["local - local(bn)"], d.get("FedAvg - local", float("nan"))
         if pd.isna(gap) and pd.isna(gain):
             parts.append(f"{name}: no stored run")
@@ -260,3 +283,26 @@ def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
                      f"paper's pattern {'holds' if holds else 'does not hold'}"
                      + (f" ({stale} of its runs made by code that has changed since)" if stale else ""))
     return "; ".join(parts) + "."
+
+
+def degraded_local_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
+    """Whether FedAvg gains over Local where Local's TTA-grad falls below its TTA-bn (the paper's situation), read
+    from the rows of ``tta_grad_cells`` (any cells, step sizes or source models): which rows have Local(grad) more
+    than ``tie`` below Local(bn), and FedAvg - Local in each of them."""
+    def name(d: Mapping[str, Any]) -> str:
+        return f"{d['cell']} {d['optimizer']} ({d['setting'].upper()}{', ' + d['model'] if d.get('model') else ''})"
+
+    rows = [d for d in table.to_dict("records") if not pd.isna(d["local - local(bn)"])]
+    if not rows:
+        return "No row has both a TTA-grad and a TTA-bn Local run yet."
+    low = [d for d in rows if d["local - local(bn)"] < -tie]
+    if not low:
+        return (f"In none of the {len(rows)} row(s) with runs does Local(grad) fall more than {tie:g} points below "
+                f"Local(bn) (the paper: −7.56), so the situation of the paper's FedAvg gain is not reached here.")
+    said = [f"{name(d)}: Local(grad) − Local(bn) {d['local - local(bn)']:+.2f}, FedAvg − Local "
+            + ("not run" if pd.isna(d.get("FedAvg - local")) else f"{d['FedAvg - local']:+.2f}")
+            + f" ({d['seeds']} seed(s))" for d in low]
+    gains = [d for d in low if not pd.isna(d.get("FedAvg - local")) and d["FedAvg - local"] > tie]
+    return (f"Local(grad) falls more than {tie:g} points below Local(bn) in {len(low)} of {len(rows)} row(s) "
+            f"({'; '.join(said)}); FedAvg gains more than {tie:g} points over Local in {len(gains)} of them "
+            f"(the paper: +5.03 NIID, +7.91 IID).")
