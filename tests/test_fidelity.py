@@ -205,3 +205,10 @@ def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
     assert "In none of the 1 row(s)" in degraded_local_reading(cells.iloc[:1])
     with pytest.raises(ValueError, match="TTA-bn takes no gradient step"):
         table1_config("cifar10", "iid", "bn", lr=1e-3)
+    import matplotlib
+    matplotlib.use("Agg")
+    from ftta_core.fedtsa.table1 import step_size_figure
+    ax = step_size_figure(cells).axes[0]
+    ours = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert ax.get_xscale() == "log" and ax.get_ylabel() and [list(line.get_xdata()) for line in ours] == [[1e-5, 1e-3]] * 2
+    assert sorted(list(line.get_ydata()) for line in ours) == [[-0.5, 6.0], [3.0, -8.0]]

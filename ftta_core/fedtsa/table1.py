@@ -306,3 +306,33 @@ def degraded_local_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
     return (f"Local(grad) falls more than {tie:g} points below Local(bn) in {len(low)} of {len(rows)} row(s) "
             f"({'; '.join(said)}); FedAvg gains more than {tie:g} points over Local in {len(gains)} of them "
             f"(the paper: +5.03 NIID, +7.91 IID).")
+
+
+def step_size_figure(table: pd.DataFrame) -> "Any":
+    """Local(grad) − Local(bn) and FedAvg − Local against the step size, from rows of ``tta_grad_cells`` of one cell
+    (several ``lrs``), one panel per setting on a shared y-scale; ±1 sd over paired seeds where a row has several;
+    the paper's two gaps as horizontal references. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from .. import style
+
+    rows = table[table.seeds > 0].assign(lr=lambda t: t["optimizer"].str.split().str[-1].astype(float))
+    settings = [s for s in TABLE1_SETTINGS if s in set(rows["setting"])]
+    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(style.MAX_WIDTH, 3.6), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
+    for ax, setting in zip(axes[0], settings):
+        here = rows[rows.setting == setting].sort_values("lr")
+        for (col, label), colour in zip([("local - local(bn)", "Local(grad) − Local(bn)"),
+                                         ("FedAvg - local", "FedAvg − Local (grad)")], ("C0", "C1")):
+            ax.errorbar(here["lr"], here[col], yerr=here[col + " sd"].fillna(0), marker="o", capsize=3,
+                        color=colour, label=f"{label}, ours")
+            ax.axhline(here[f"paper: {col}"].iloc[0], color=colour, ls="--", lw=1, label=f"{label}, paper")
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xscale("log")
+        low, high = here["seeds"].min(), here["seeds"].max()
+        ax.set_title(f"{setting.upper()} ({low if low == high else f'{low}-{high}'} seed(s) per point)")
+    if len(rows):
+        fig.supxlabel(f"step size of {rows['optimizer'].iloc[0].split()[0]} ({rows['cell'].iloc[0]} cell)")
+    axes[0, 0].set_ylabel("accuracy difference (points)")
+    style.legend_outside(axes[0, -1])
+    return fig
