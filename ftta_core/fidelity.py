@@ -39,11 +39,12 @@ FEDAVGM_VARIANTS: Dict[str, Variant] = {"FedAvgM (momentum on all)": ("fedavgm",
 
 
 def accuracies(results_dir: Path | str, tta: str, setting: str, variant: Variant, seeds: Sequence[int] = SEEDS,
-               column: str = "accuracy", dataset: str = "cifar10") -> pd.Series:
+               column: str = "accuracy", dataset: str = "cifar10", lr: Optional[float] = None) -> pd.Series:
     """``column`` of the stored Table 1 runs of one strategy variant in one column (tta, setting), by seed; the
-    seeds whose run was made by code that has changed since are in ``.attrs["stale"]``."""
+    seeds whose run was made by code that has changed since are in ``.attrs["stale"]``. ``lr``: a TTA-grad cell's
+    runs at this step size instead of its own (``fedtsa-table --lr``)."""
     strategy, params = variant
-    grid = stored_table1_runs(results_dir, [strategy], list(seeds), dataset, (tta,), (setting,), params)
+    grid = stored_table1_runs(results_dir, [strategy], list(seeds), dataset, (tta,), (setting,), params, lr=lr)
     out = grid.set_index("seed")[column] if len(grid) else pd.Series(dtype=float)
     out.attrs["stale"] = sorted(grid.loc[grid["code"] == "stale", "seed"]) if len(grid) else []
     return out
@@ -282,21 +283,23 @@ def statistics_contrasts(results_dir: Path | str = RESULTS_DIR, settings: Sequen
 
 
 def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequence[str] = ("niid", "iid"),
-                           seeds: Sequence[int] = SEEDS, tta: str = "bn", against: str = "fedavg") -> pd.DataFrame:
+                           seeds: Sequence[int] = SEEDS, tta: str = "bn", against: str = "fedavg",
+                           lr: Optional[float] = None) -> pd.DataFrame:
     """In one column (``tta``: "bn" or a TTA-grad cell), each FedCTTA probe normalisation read there
     (``FEDCTTA_GRAD_CELLS`` for the TTA-grad cells) against the strategy ``against``, paired by seed: the accuracy
     difference and W's mean shares (self, same domain, and the same-domain share uniform mixing gives) read from the
-    stored runs; one row per (setting, probe normalisation)."""
+    stored runs; one row per (setting, probe normalisation). ``lr``: the TTA-grad cell at this step size (runs made
+    with ``fedtsa-table --lr``) instead of its own."""
     from .fedtsa.table1 import stored_table1_runs
 
     rows = []
     for setting in settings:
-        reference = accuracies(results_dir, tta, setting, (against, {}), seeds)
+        reference = accuracies(results_dir, tta, setting, (against, {}), seeds, lr=lr)
         for label in [k for k in FEDCTTA_VARIANTS if tta == "bn" or (tta, setting) in FEDCTTA_GRAD_CELLS[k]]:
             strategy, params = FEDCTTA_VARIANTS[label]
             grid = stored_table1_runs(results_dir, [strategy], list(seeds), ttas=(tta,), settings=(setting,),
-                                      strategy_params=params, extra_keys=("weight_shares",))
-            ours = accuracies(results_dir, tta, setting, (strategy, params), seeds)
+                                      strategy_params=params, extra_keys=("weight_shares",), lr=lr)
+            ours = accuracies(results_dir, tta, setting, (strategy, params), seeds, lr=lr)
             mean, sd, both = paired(ours, reference)
             shares = pd.DataFrame(list(grid["weight_shares"].dropna())) if "weight_shares" in grid else pd.DataFrame()
             rows.append({"tta": tta, "setting": setting.upper(), "FedCTTA": label,

@@ -13,8 +13,8 @@ from ftta_core.runstore import store_summary
 from ftta_core.workbook import config_key
 
 
-def _store(folder, tta, setting, strategy, seed, accuracy, params=None, local=None, code=None):
-    cfg = dataclasses.replace(table1_config("cifar10", setting, tta), strategy=strategy,
+def _store(folder, tta, setting, strategy, seed, accuracy, params=None, local=None, code=None, lr=None):
+    cfg = dataclasses.replace(table1_config("cifar10", setting, tta, lr=lr), strategy=strategy,
                               strategy_params=params or {}, seed=seed)
     store_summary(folder / f"{config_key(cfg)}.json",
                   {"accuracy": accuracy, "accuracy_local": accuracy if local is None else local, "config": cfg.to_dict(),
@@ -174,6 +174,16 @@ def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_r
     iid = fedctta_probe_contrast(tmp_path, settings=("iid",), tta="grad-running-adam", against="local")
     assert iid["FedCTTA"].tolist() == ["FedCTTA (probe_bn=eval)", "FedCTTA (reference code)"]
     assert "-7.00 against Local (sd 0.00) over 2 seed(s), below Local beyond the 0.5 tie band" in lines[1]
+    # the same cell at another step size: its own runs only, and they do not enter the cell's own contrast
+    reference = {"probe_bn": "eval", "probes": "per_client", "ema": 0.9}
+    _store(tmp_path, "grad-running-adam", "niid", "local", 0, 60.0, lr=3e-4)
+    _store(tmp_path, "grad-running-adam", "niid", "fedctta", 0, 64.0, reference, lr=3e-4)
+    big = fedctta_probe_contrast(tmp_path, settings=("niid",), tta="grad-running-adam", against="local",
+                                 lr=3e-4).set_index("FedCTTA")
+    assert big.loc["FedCTTA (reference code)", "difference"] == pytest.approx(4.0)
+    assert big.loc["FedCTTA (probe_bn=eval)", "seeds"] == 0
+    again = fedctta_probe_contrast(tmp_path, settings=("niid",), tta="grad-running-adam", against="local")
+    assert again.set_index("FedCTTA").loc["FedCTTA (reference code)", "seeds"] == 0
 
 
 def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
