@@ -90,10 +90,10 @@ clients = 10
 batch_size = 200
 images_per_client = 1000  # per corruption: 5 rounds of 200 per corruption, 75 rounds in all
 corruptions = "all"
-alphas = [None, 0.1, 0.01, 0.001]  # None = IID
+alphas = [None, 0.1, 0.01, 0.001]  # None: the IID column
 methods = ["tent", "cotta", "roid", "rotta", "bbn"]
 strategies = ["local", "fedavg", "fedprox", "fedavgm", "pfedgraph", "fedamp"]
-figure_alpha = 0.01  # the label skew of Table 3 and Figs 3-5 (the paper's alpha = 0.01)
+figure_alpha = 0.01  # the label skew of Table 3 and Figs 3-5 (the paper uses 0.01 there)
 # the reduced configuration (about 12 minutes on one CPU thread)
 reduced_batch_size = 50
 reduced_images_per_client = 200

@@ -51,3 +51,26 @@ def test_the_runner_executes_the_source(tmp_path, monkeypatch):
     nbrun.execute_notebooks(["99_demo"], out_dir=tmp_path / "out")
     assert seen == [["smoke = False", 'x = "new"']]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["99_demo.ipynb"]  # the staged input is removed
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: p.stem)
+def test_papermill_sees_every_parameter(path, tmp_path):
+    """``papermill --help-notebook`` and ``-p`` list what the parameters cell assigns: papermill drops a line whose
+    comment it cannot parse (an ``=`` or ``:`` in it), silently leaving that parameter out of the help."""
+    import ast
+    import logging
+
+    import papermill
+
+    nb = nbrun.read_source(path)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    assigned = [t.id for node in ast.parse(cell.source).body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+    staged = tmp_path / path.name
+    try:
+        nbformat.write(nb, str(staged))
+        logging.getLogger("papermill").disabled = True
+        seen = set(papermill.inspect_notebook(str(staged)))
+    finally:
+        logging.getLogger("papermill").disabled = False
+    assert [a for a in assigned if a not in seen] == [], f"{path.stem}.py: papermill cannot parse these parameters"

@@ -195,3 +195,20 @@ def test_whole_grid_claims_read_every_column_against_the_best_other_cell():
     assert "Tent + FedAvg on average" in rows[best + "alpha 0.1"]["settled by"]
     assert rows["pFedBBN above BBN alone, IID"]["ours"] == pytest.approx(1.5)
     assert "pFedBBN above BBN alone, alpha 0.1" not in rows  # that alpha's own choice is read elsewhere
+
+
+def test_curve_figure_also_reads_the_curve_on_the_seeds_every_t_has():
+    """T = 1 at seeds 0-1 and T = 2 at seed 0 only: besides the means, a line over seed 0 alone."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from ftta_core.pfedbbn.temperature import curve_figure
+
+    rows = [(1, 0, 60.0), (1, 1, 70.0), (2, 0, 62.0)]
+    grid = pd.DataFrame([{"alpha": 0.1, "variant": setting_name(t, "none"), "seed": s, "accuracy": a, "self": 0.5,
+                          "same domain": 0.3, "uniform same-domain": 0.2} for t, s, a in rows])
+    top = curve_figure(grid).axes[0]
+    common = [line for line in top.get_lines() if line.get_marker() == "x"]
+    assert len(common) == 1 and list(common[0].get_ydata()) == [60.0, 62.0]
+    assert "seed(s) every T has (0)" in common[0].get_label()
+    full = grid[grid["variant"] == setting_name(1, "none")]
+    assert not [line for line in curve_figure(full).axes[0].get_lines() if line.get_marker() == "x"]

@@ -403,8 +403,9 @@ def whole_grid(base: ExperimentConfig, setting: str, seeds: Sequence[int], resul
 
 
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
-    """Accuracy (reported seeds, ±1 sd) and the same-domain share of W against T, one line per distance scale, one
-    column per alpha, rows sharing their y-scale; BBN alone and FedAvg + BBN as dashed/dotted references; the held-out
+    """Accuracy (reported seeds, ±1 sd; where the Ts of a scale were run at different seeds, also the mean over the
+    seeds every T has, so the curve is read on one set of streams) and the same-domain share of W against T, one line
+    per distance scale, one column per alpha, rows sharing their y-scale; BBN alone and FedAvg + BBN as dashed/dotted references; the held-out
     stream's shares (what the rule reads) as open markers. Returns the figure."""
     import matplotlib.pyplot as plt
 
@@ -419,6 +420,12 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
         top, bottom = axes[0, k], axes[1, k]
         here = pf[pf["alpha"] == alpha]
         style.errorbar_lines(top, here, "T", "accuracy", hue="scale")
+        for scale, g in here.groupby("scale"):  # where the Ts have different seeds, also the seeds they all have
+            common = set.intersection(*[set(v) for v in g.groupby("T")["seed"].unique()])
+            if common and len(common) < g["seed"].nunique() and g["T"].nunique() > 1:
+                on = g[g["seed"].isin(common)].groupby("T")["accuracy"].mean()
+                top.plot(on.index, on.values, "x:", lw=1, color="0.45",
+                         label=f"{scale}, seed(s) every T has ({', '.join(map(str, sorted(common)))})")
         style.errorbar_lines(bottom, here, "T", "same-domain share", hue="scale")
         refs = grid[(grid["alpha"] == alpha) & ~grid["variant"].str.startswith("T=")]
         for (name, g), ls in zip(refs.groupby("variant"), ("--", ":")):
