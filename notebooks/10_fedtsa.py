@@ -305,9 +305,9 @@ if len(ran):
 
 # %% [markdown]
 # ### Where Local's TTA-grad falls below its TTA-bn: does FedAvg then gain?
-# In the paper both gaps come together: Local(grad) 7.6 points below Local(bn), FedAvg 5-8 points above Local. In
-# the 2x2 above our Local(grad) is never below Local(bn), so the paper's situation is not reached there. Two stored
-# settings reach it: larger Adam steps in the reference clients' cell (IID first, where every client sees the same
+# In the paper both gaps come together: Local(grad) below Local(bn), FedAvg above Local (the paper columns of the
+# table). The 2x2's reading above says whether our cells reach the first; the rows below add settings where Local can
+# drift further: larger Adam steps in the reference clients' cell (IID first, where every client sees the same
 # corruption at a time, so averaging their states mixes nothing that differs; then NIID; `fedtsa-table --tta
 # grad-running-adam --lr X --strategies local fedavg --settings iid`, planned in
 # `figures/fedtsa_table1/step_size.plan.jsonl`), and the paper-regime source models (the section on source models

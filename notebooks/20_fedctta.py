@@ -47,7 +47,7 @@ sh_values = [0.05, 0.2, 0.5, 0.75]
 th_values = [0.01, 0.02, 0.05, 0.1]
 compute_sweeps = False  # True: run Fig 2's missing CIFAR-10-C runs here (or plan them: FTTA_PLAN, README)
 compute_claims = False  # True: run the claims' missing Table 1 runs (cifar_seeds) here (or plan them: FTTA_PLAN)
-# the reference clients' cell at a larger Adam step, where notebook 10 finds Local drifting below Local(bn)
+# the reference clients' cell at a larger Adam step (notebook 10's step-size section; its runs are planned)
 drift_lr = 3e-4
 
 # %%
@@ -242,12 +242,16 @@ display(tables.show(grad_vs_fedavg.set_index(["setting", "FedCTTA"])[["against",
 display(Markdown(fidelity.probe_contrast_reading(grad_vs_fedavg)))
 
 # %% [markdown]
-# In that cell our Local never falls below its TTA-bn Local, while the paper's does (by 7.56). Notebook 10's
-# step-size section finds a larger Adam step in the same cell (`drift_lr`) where Local(grad) falls below Local(bn)
-# and FedAvg gains over Local; the same FedCTTA (the reference code's handling) there, against Local and against
-# FedAvg, paired by seed (runs planned in `figures/fedtsa_table1/step_size.plan.jsonl`):
+# The paper's TTA-grad Local is below its TTA-bn Local; notebook 10's step-size section reads the same cell at larger
+# Adam steps, where our Local can drift too. At `drift_lr` the first line below says, from the stored runs, how far
+# Local(grad) falls and what FedAvg gains there; then the same FedCTTA (the reference code's handling) at that step,
+# against Local and against FedAvg, paired by seed (runs planned in `figures/fedtsa_table1/step_size.plan.jsonl`):
 
 # %%
+from ftta_core.fedtsa.table1 import degraded_local_reading, tta_grad_cells
+
+display(Markdown(degraded_local_reading(tta_grad_cells(results_dir=results_dir, seeds=cifar_seeds,
+                                                       cells=["grad-running-adam"], lrs=[drift_lr]))))
 drift = pd.concat([fidelity.fedctta_probe_contrast(results_dir, settings=("niid", "iid"), seeds=cifar_seeds,
                                                    tta="grad-running-adam", against=against, lr=drift_lr)
                    for against in ("local", "fedavg")], ignore_index=True)

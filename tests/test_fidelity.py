@@ -210,9 +210,13 @@ def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
     assert "grad-running-adam (IID), 1 seed(s)" in reading and "the paper's pattern does not hold" in reading
     assert "grad-running-adam (IID, adam 0.001), 1 seed(s)" in reading and "the paper's pattern holds" in reading
     degraded = degraded_local_reading(cells)
-    assert "below Local(bn) in 1 of 2 row(s)" in degraded and "adam 0.001 (IID): Local(grad) − Local(bn) -8.00" in degraded
-    assert "FedAvg gains more than 0.5 points over Local in 1 of them" in degraded
+    assert "below Local(bn) in 1 of 2 row(s)" in degraded
+    assert "grad-running-adam (IID, adam 0.001): Local(grad) − Local(bn) -8.00, FedAvg − Local +6.00" in degraded
+    assert "FedAvg gains more than 0.5 points over Local in 1 of them (the paper: +7.91 IID)" in degraded
+    named = degraded_local_reading(cells.assign(model="resnet8_cifar10_e1_n10000"))
+    assert "grad-running-adam (IID, adam 0.001, resnet8_cifar10_e1_n10000): " in named
     assert "In none of the 1 row(s)" in degraded_local_reading(cells.iloc[:1])
+    assert "(the paper: -7.56 IID)" in degraded_local_reading(cells.iloc[:1])
     with pytest.raises(ValueError, match="TTA-bn takes no gradient step"):
         table1_config("cifar10", "iid", "bn", lr=1e-3)
     import matplotlib

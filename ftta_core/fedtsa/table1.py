@@ -235,7 +235,7 @@ def _grad_cell_row(cell: str, params: Mapping[str, Any], setting: str, g: pd.Dat
     local = _per_seed(g, "local", "grad") if len(g) else pd.Series(dtype=float)
     local_bn = bn.groupby("seed")["accuracy_local"].first() if len(bn) else pd.Series(dtype=float)
     row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
-           "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
+           "lr": float(params["lr"]), "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
     paired = local.index.intersection(local_bn.index)
     gap = local[paired] - local_bn[paired]
     row["local - local(bn)"] = gap.mean() if len(paired) else float("nan")
@@ -258,15 +258,21 @@ def _grad_cell_row(cell: str, params: Mapping[str, Any], setting: str, g: pd.Dat
     return row
 
 
+def _row_name(d: Mapping[str, Any]) -> str:
+    """A ``tta_grad_cells`` row's name in readings: the cell and setting, then its step size where it is not the
+    cell's own and its source model where the row names one."""
+    own = float(TTA_SETTINGS[d["cell"]]["local_params"]["lr"])
+    extra = ([] if d["lr"] == own else [d["optimizer"]]) + ([str(d["model"])] if d.get("model") else [])
+    return f"{d['cell']} ({', '.join([d['setting'].upper(), *extra])})"
+
+
 def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
     """Which cells of ``tta_grad_cells`` show the paper's TTA-grad pattern (Local(grad) clearly below Local(bn),
     FedAvg clearly above Local: both by more than ``tie`` points), computed from the table; names the cells
     without runs."""
     parts = []
     for d in table.to_dict("records"):
-        own = TTA_SETTINGS[d["cell"]]["local_params"]
-        own = f"{own['optimizer']} {own['lr']:g}"
-        name = f"{d['cell']} ({d['setting'].upper()}" + ("" if d["optimizer"] == own else f", {d['optimizer']}") + ")"
+        name = _row_name(d)
         gap, gain = d["local - local(bn)"], d.get("FedAvg - local", float("nan"))
         if pd.isna(gap) and pd.isna(gain):
             parts.append(f"{name}: no stored run")
@@ -289,23 +295,26 @@ def degraded_local_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
     """Whether FedAvg gains over Local where Local's TTA-grad falls below its TTA-bn (the paper's situation), read
     from the rows of ``tta_grad_cells`` (any cells, step sizes or source models): which rows have Local(grad) more
     than ``tie`` below Local(bn), and FedAvg - Local in each of them."""
-    def name(d: Mapping[str, Any]) -> str:
-        return f"{d['cell']} {d['optimizer']} ({d['setting'].upper()}{', ' + d['model'] if d.get('model') else ''})"
-
     rows = [d for d in table.to_dict("records") if not pd.isna(d["local - local(bn)"])]
     if not rows:
         return "No row has both a TTA-grad and a TTA-bn Local run yet."
+
+    def paper(col: str) -> str:
+        values = {d["setting"]: d[f"paper: {col}"] for d in rows}
+        return ", ".join(f"{v:+.2f} {k.upper()}" for k, v in sorted(values.items()) if not pd.isna(v)) or "none"
+
     low = [d for d in rows if d["local - local(bn)"] < -tie]
     if not low:
         return (f"In none of the {len(rows)} row(s) with runs does Local(grad) fall more than {tie:g} points below "
-                f"Local(bn) (the paper: −7.56), so the situation of the paper's FedAvg gain is not reached here.")
-    said = [f"{name(d)}: Local(grad) − Local(bn) {d['local - local(bn)']:+.2f}, FedAvg − Local "
+                f"Local(bn) (the paper: {paper('local - local(bn)')}), so the situation of the paper's FedAvg gain "
+                f"is not reached here.")
+    said = [f"{_row_name(d)}: Local(grad) − Local(bn) {d['local - local(bn)']:+.2f}, FedAvg − Local "
             + ("not run" if pd.isna(d.get("FedAvg - local")) else f"{d['FedAvg - local']:+.2f}")
             + f" ({d['seeds']} seed(s))" for d in low]
     gains = [d for d in low if not pd.isna(d.get("FedAvg - local")) and d["FedAvg - local"] > tie]
     return (f"Local(grad) falls more than {tie:g} points below Local(bn) in {len(low)} of {len(rows)} row(s) "
             f"({'; '.join(said)}); FedAvg gains more than {tie:g} points over Local in {len(gains)} of them "
-            f"(the paper: +5.03 NIID, +7.91 IID).")
+            f"(the paper: {paper('FedAvg - local')}).")
 
 
 def step_size_figure(table: pd.DataFrame) -> "Any":
@@ -316,7 +325,7 @@ def step_size_figure(table: pd.DataFrame) -> "Any":
 
     from .. import style
 
-    rows = table[table.seeds > 0].assign(lr=lambda t: t["optimizer"].str.split().str[-1].astype(float))
+    rows = table[table.seeds > 0]
     settings = [s for s in TABLE1_SETTINGS if s in set(rows["setting"])]
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(style.MAX_WIDTH, 3.6), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
