@@ -27,13 +27,23 @@ FEDCTTA_VARIANTS: Dict[str, Variant] = {"FedCTTA (probe_bn=client)": ("fedctta",
                                         "FedCTTA (probe_bn=eval)": ("fedctta", {"probe_bn": "eval"}),
                                         "FedCTTA (reference code)": ("fedctta", {"probe_bn": "eval",
                                                                                  "probes": "per_client", "ema": 0.9})}
-# the (TTA-grad cell, setting) pairs each probe normalisation is read in: "eval" normalises with running statistics
-# (the reference clients), which only the running-BN cells keep; Table I's IID column is read for the reference
-# clients' handling only (the issue's "with the authors' probe handling")
-FEDCTTA_GRAD_CELLS: Dict[str, Tuple[Tuple[str, str], ...]] = {
-    "FedCTTA (probe_bn=client)": (("grad", "niid"), ("grad-running-adam", "niid")),
-    "FedCTTA (probe_bn=eval)": (("grad-running-adam", "niid"), ("grad-running-adam", "iid")),
-    "FedCTTA (reference code)": (("grad-running-adam", "niid"), ("grad-running-adam", "iid"))}
+# the reference clients' cell at the step size where their Local drifts below its TTA-bn Local without collapsing,
+# as the paper's does (Adam 3e-4: figures/fedtsa_table1/tta_grad_step_size.md, 1e-5 to 1e-3); the claims are also
+# read there, with every strategy of FedTSA's Table 1 (the issue's "if a cell reproduces the paper's pattern")
+DRIFT_STEP: Tuple[str, float] = ("grad-running-adam", 3e-4)
+# FedTSA Table 1's strategies (FedCTTA is not in that table: its claims are FedCTTA Table I's, below)
+TABLE1_STRATEGIES = tuple(s for s in METHOD_LABELS if s not in ("source", "local", "fedctta"))
+# the (TTA-grad cell, setting, step size: None for the cell's own) each probe normalisation is read in: "eval"
+# normalises with running statistics (the reference clients), which only the running-BN cells keep; Table I's IID
+# column is read for the reference clients' handling only (the issue's "with the authors' probe handling"), and the
+# drift step for our default and the reference code's handling
+_DRIFT = DRIFT_STEP[0]
+FEDCTTA_GRAD_CELLS: Dict[str, Tuple[Tuple[str, str, Optional[float]], ...]] = {
+    "FedCTTA (probe_bn=client)": (("grad", "niid", None), ("grad-running-adam", "niid", None),
+                                  (_DRIFT, "niid", DRIFT_STEP[1]), (_DRIFT, "iid", DRIFT_STEP[1])),
+    "FedCTTA (probe_bn=eval)": (("grad-running-adam", "niid", None), ("grad-running-adam", "iid", None)),
+    "FedCTTA (reference code)": (("grad-running-adam", "niid", None), ("grad-running-adam", "iid", None),
+                                 (_DRIFT, "niid", DRIFT_STEP[1]), (_DRIFT, "iid", DRIFT_STEP[1]))}
 FEDAVGM_VARIANTS: Dict[str, Variant] = {"FedAvgM (momentum on all)": ("fedavgm", {}),
                                         "FedAvgM (momentum on params)": ("fedavgm", {"momentum_on": "params"})}
 
@@ -90,51 +100,123 @@ def _row(claim: str, source: str, paper: float, ours: Tuple[float, float, List[i
             + (f" ({stale} run(s) made by code that has changed since)" if stale else "")}
 
 
-def _cell_label(cell: str) -> str:
+def _cell_label(cell: str, lr: Optional[float] = None) -> str:
+    """A TTA-grad cell's name with its BN statistics and optimiser (at ``lr`` when given, else the cell's own)."""
     params = TTA_SETTINGS[cell]["local_params"]
-    return f"{cell} (BN {params.get('bn', 'batch')}, {params['optimizer']} {params['lr']:g})"
+    return f"{cell} (BN {params.get('bn', 'batch')}, {params['optimizer']} {params['lr'] if lr is None else lr:g})"
+
+
+def _best_of(parts: Sequence[pd.Series]) -> pd.Series:
+    """Per seed, the best of several strategies' accuracies, at the seeds where every one of them has a run (a
+    best over fewer would be a weaker rival)."""
+    return pd.concat(parts, axis=1).dropna().max(axis=1)
+
+
+def _grad_cell_claims(results_dir: Path | str, cell: str, lr: Optional[float], setting: str,
+                      strategies: Sequence[str], tie: float, local_bn: pd.Series, best: bool) -> List[dict]:
+    """The TTA-grad claims of FedTSA Table 1 in one (cell, step size, setting): Local(grad) - Local(bn), each of
+    ``strategies`` - Local (FedAvg's also against FedCTTA's Table I) and, with ``best``, FedTSA - the best other
+    strategy (the paper's "FedTSA best")."""
+    paper, fedctta = _paper("fedtsa_table1"), _paper("fedctta_table1")
+    local = accuracies(results_dir, cell, setting, ("local", {}), lr=lr)
+    where = f"{_cell_label(cell, lr)}, {setting.upper()}"
+    rows = [_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
+                 paper[("Local", setting, "grad")] - paper[("Local", setting, "bn")], paired(local, local_bn), tie,
+                 where, local, local_bn)]
+    runs = {s: accuracies(results_dir, cell, setting, (s, {}), lr=lr) for s in strategies}
+    for s, theirs in runs.items():
+        label = METHOD_LABELS[s]
+        ours = paired(theirs, local)
+        rows.append({**_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
+                            paper[(label, setting, "grad")] - paper[("Local", setting, "grad")], ours, tie, where,
+                            theirs, local), "method": label, "setting": setting})
+        if s == "fedavg":
+            rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
+                             fedctta[(label, setting, "grad")] - fedctta[("Local", setting, "grad")], ours,
+                             tie, where, theirs, local))
+    if best:
+        others = [s for s in strategies if s != "fedtsa"]
+        rival = _best_of([runs[s] for s in others])
+        theirs = max(paper[(METHOD_LABELS[s], setting, "grad")] for s in others)
+        rows.append(_row(f"FedTSA best under TTA-grad, {setting.upper()} (minus the best other strategy)",
+                         "FedTSA Table 1", paper[("FedTSA", setting, "grad")] - theirs,
+                         paired(runs["fedtsa"], rival), tie, where, runs["fedtsa"], *runs.values()))
+    return rows
+
+
+def strategy_gains(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5, step: Tuple[str, float] = DRIFT_STEP,
+                   settings: Sequence[str] = ("niid", "iid")) -> pd.DataFrame:
+    """Table 1's TTA-grad rows as gains over Local in one (cell, step size): per (setting, strategy of
+    ``TABLE1_STRATEGIES``) our gain paired by seed (``ours``, ``ours sd``, ``seeds``), the paper's (FedTSA Table 1) and
+    the verdict (``tie``); the rows of ``tta_grad_claims`` for that step."""
+    cell, lr = step
+    rows = [r for setting in settings
+            for r in _grad_cell_claims(results_dir, cell, lr, setting, TABLE1_STRATEGIES, tie,
+                                       accuracies(results_dir, "bn", setting, ("local", {})), False)
+            if "method" in r]
+    return pd.DataFrame(rows)[["setting", "method", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs",
+                               "settled by"]]
+
+
+def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
+    """``strategy_gains`` in sentences, per setting: how many strategies with runs gain more than ``tie`` over Local
+    (and how many of the same strategies do in the paper), how alike the two rank them (Spearman, from three
+    strategies on), and the best strategy in each."""
+    parts = []
+    for setting, g in table.groupby("setting", sort=False):
+        ran = g.dropna(subset=["ours"])
+        if ran.empty:
+            parts.append(f"{setting.upper()}: no strategy has a run paired with Local yet.")
+            continue
+        seeds = sorted(set(ran["seeds"]))
+        text = (f"{setting.upper()} ({len(ran)} of {len(g)} strategies with runs, "
+                f"{seeds[0] if len(seeds) == 1 else f'{seeds[0]}-{seeds[-1]}'} seed(s) each): "
+                f"{int((ran['ours'] > tie).sum())} gain more than {tie:g} points over Local (the paper: "
+                f"{int((ran['paper'] > tie).sum())} of the same); the verdict holds for "
+                f"{int((ran['verdict'] == 'holds').sum())} of {len(ran)}")
+        differ = ran[ran["verdict"] != "holds"]
+        if len(differ):
+            text += " (not for " + ", ".join(f"{r['method']} {r['ours']:+.2f} vs {r['paper']:+.2f}"
+                                             for r in differ.to_dict("records")) + ")"
+        best, paper_best = ran.loc[ran["ours"].idxmax()], ran.loc[ran["paper"].idxmax()]
+        text += (f"; best over Local: ours {best['method']} ({best['ours']:+.2f}), the paper's among the same "
+                 f"strategies {paper_best['method']} ({paper_best['paper']:+.2f})"
+                 + (" (our gains are means over different numbers of seeds)" if len(seeds) > 1 else ""))
+        if len(ran) >= 3:
+            text += f"; rank correlation with the paper's gains {ran['ours'].corr(ran['paper'], method='spearman'):.2f}"
+        parts.append(text + ".")
+    return " ".join(parts)
 
 
 def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
-                    cells: Sequence[str] = GRAD_CELLS, settings: Sequence[str] = ("niid", "iid")) -> List[dict]:
-    """FedTSA Table 1 under TTA-grad, per 2x2 cell: Local(grad) - Local(bn), FedAvg - Local, FedTSA - Local; and
-    FedAvg - Local against FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code."""
-    paper, fedctta = _paper("fedtsa_table1"), _paper("fedctta_table1")
+                    cells: Sequence[str] = GRAD_CELLS, settings: Sequence[str] = ("niid", "iid"),
+                    drift: Sequence[Tuple[str, float]] = (DRIFT_STEP,)) -> List[dict]:
+    """FedTSA Table 1 under TTA-grad, per 2x2 cell: Local(grad) - Local(bn), FedAvg - Local, FedTSA - Local (and
+    FedAvg - Local against FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code); then in
+    each ``drift`` (cell, step size) the same for every strategy of Table 1 (``TABLE1_STRATEGIES``) and FedTSA
+    against the best of them."""
     rows = []
     for setting in settings:
         local_bn = accuracies(results_dir, "bn", setting, ("local", {}))
         for cell in cells:
-            local = accuracies(results_dir, cell, setting, ("local", {}))
-            where = f"{_cell_label(cell)}, {setting.upper()}"
-            rows.append(_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
-                             paper[("Local", setting, "grad")] - paper[("Local", setting, "bn")],
-                             paired(local, local_bn), tie, where, local, local_bn))
-            for s in ("fedavg", "fedtsa"):
-                label = METHOD_LABELS[s]
-                theirs = accuracies(results_dir, cell, setting, (s, {}))
-                ours = paired(theirs, local)
-                rows.append(_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
-                                 paper[(label, setting, "grad")] - paper[("Local", setting, "grad")], ours, tie, where,
-                                 theirs, local))
-                if s == "fedavg":
-                    rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
-                                     fedctta[(label, setting, "grad")] - fedctta[("Local", setting, "grad")], ours,
-                                     tie, where, theirs, local))
+            rows += _grad_cell_claims(results_dir, cell, None, setting, ("fedavg", "fedtsa"), tie, local_bn, False)
+        for cell, lr in drift:
+            rows += _grad_cell_claims(results_dir, cell, lr, setting, TABLE1_STRATEGIES, tie, local_bn, True)
     return rows
 
 
 def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
                    others: Sequence[str] = ("local", "fedavg", "fedavgm", "fedtsa")) -> List[dict]:
     """FedCTTA Table I: best under NIID TTA-bn (against the best of ``others`` per seed), not below FedAvg under IID
-    TTA-bn, above Local under TTA-grad (in the cells and settings ``FEDCTTA_GRAD_CELLS`` names: the batch-BN SGD cell
-    and the reference code's running-BN Adam cell); for each probe normalisation stored."""
+    TTA-bn, above Local under TTA-grad (in the cells, settings and step sizes ``FEDCTTA_GRAD_CELLS`` names: the batch-BN SGD cell, the
+    reference code's running-BN Adam cell, and that cell at ``DRIFT_STEP``); for each probe normalisation stored."""
     paper = _paper("fedctta_table1")
     best_other_paper = max(paper[(METHOD_LABELS[s], "niid", "bn")] for s in others)
     rows = []
     for label, variant in FEDCTTA_VARIANTS.items():
         ours = accuracies(results_dir, "bn", "niid", variant)
         parts = [accuracies(results_dir, "bn", "niid", (s, {})) for s in others]
-        best = pd.concat(parts, axis=1).max(axis=1)
+        best = _best_of(parts)
         rows.append(_row("FedCTTA best under TTA-bn, NIID (minus the best of Local/FedAvg/FedAvgM/FedTSA)",
                          "FedCTTA Table I", paper[("FedCTTA", "niid", "bn")] - best_other_paper,
                          paired(ours, best), tie, f"{label}, TTA-bn, NIID", ours, *parts))
@@ -142,12 +224,13 @@ def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
         rows.append(_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
                          paper[("FedCTTA", "iid", "bn")] - paper[("FedAvg", "iid", "bn")],
                          paired(iid, fedavg), tie, f"{label}, TTA-bn, IID", iid, fedavg))
-        for cell, setting in FEDCTTA_GRAD_CELLS[label]:
-            grad, local = (accuracies(results_dir, cell, setting, variant),
-                           accuracies(results_dir, cell, setting, ("local", {})))
+        for cell, setting, lr in FEDCTTA_GRAD_CELLS[label]:
+            grad, local = (accuracies(results_dir, cell, setting, variant, lr=lr),
+                           accuracies(results_dir, cell, setting, ("local", {}), lr=lr))
             rows.append(_row(f"FedCTTA above Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
                              paper[("FedCTTA", setting, "grad")] - paper[("Local", setting, "grad")],
-                             paired(grad, local), tie, f"{label}, {_cell_label(cell)}, {setting.upper()}", grad, local))
+                             paired(grad, local), tie, f"{label}, {_cell_label(cell, lr)}, {setting.upper()}", grad,
+                             local))
     return rows
 
 
@@ -166,22 +249,25 @@ def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> L
     return rows
 
 
-def claim_grids() -> List[Tuple[str, str, Dict[str, Dict[str, Any]]]]:
+def claim_grids() -> List[Tuple[str, str, Optional[float], Dict[str, Dict[str, Any]]]]:
     """What ``fedctta_claims`` and ``fedavgm_claims`` read, with the TTA-grad cells' FedAvg that
-    ``fedctta_probe_contrast(..., against="fedavg")`` pairs FedCTTA with: (tta, setting, run_grid variants) with each
-    variant as ``{"strategy": ..., "strategy_params": ...}``, for ``workbook.run_grid`` on ``table1_config`` (e.g. under
-    ``FTTA_PLAN`` to plan the seeds a claim lacks). ``tta_grad_claims`` reads the 2x2 plan's runs
-    (``figures/fedtsa_table1/tta_grad_2x2.plan.jsonl``)."""
+    ``fedctta_probe_contrast(..., against="fedavg")`` pairs FedCTTA with: (tta, setting, step size or None for the
+    cell's own, run_grid variants) with each variant as ``{"strategy": ..., "strategy_params": ...}``, for
+    ``workbook.run_grid`` on ``table1_config(dataset, setting, tta, lr=step)`` (e.g. under ``FTTA_PLAN`` to plan the
+    seeds a claim lacks). ``tta_grad_claims`` reads the 2x2 plan's runs
+    (``figures/fedtsa_table1/tta_grad_2x2.plan.jsonl``) and, at ``DRIFT_STEP``, Table 1's
+    (``figures/fedtsa_table1/step_size_table1.plan.jsonl``)."""
     def variants(*vs: Variant) -> Dict[str, Dict[str, Any]]:
         return {f"{s} {params}" if params else s: {"strategy": s, "strategy_params": dict(params)} for s, params in vs}
 
     fedctta = list(FEDCTTA_VARIANTS.values())
-    grids = [("bn", "niid", variants(*fedctta, *[(s, {}) for s in ("local", "fedavg", "fedavgm", "fedtsa")],
-                                     *FEDAVGM_VARIANTS.values())),
-             ("bn", "iid", variants(*fedctta, ("fedavg", {}), *FEDAVGM_VARIANTS.values()))]
-    for cell, setting in sorted({pair for pairs in FEDCTTA_GRAD_CELLS.values() for pair in pairs}):
-        probes = [v for label, v in FEDCTTA_VARIANTS.items() if (cell, setting) in FEDCTTA_GRAD_CELLS[label]]
-        grids.append((cell, setting, variants(("local", {}), ("fedavg", {}), *probes)))
+    grids = [("bn", "niid", None, variants(*fedctta, *[(s, {}) for s in ("local", "fedavg", "fedavgm", "fedtsa")],
+                                           *FEDAVGM_VARIANTS.values())),
+             ("bn", "iid", None, variants(*fedctta, ("fedavg", {}), *FEDAVGM_VARIANTS.values()))]
+    places = {place for places in FEDCTTA_GRAD_CELLS.values() for place in places}
+    for cell, setting, lr in sorted(places, key=lambda p: (p[0], p[1], p[2] or 0.0)):
+        probes = [v for label, v in FEDCTTA_VARIANTS.items() if (cell, setting, lr) in FEDCTTA_GRAD_CELLS[label]]
+        grids.append((cell, setting, lr, variants(("local", {}), ("fedavg", {}), *probes)))
     return grids
 
 
@@ -206,7 +292,7 @@ def claims_reading(table: pd.DataFrame) -> str:
                f"figures --list stale` names them, `python -m ftta_core reproduce FILE` re-checks one)." if stale else ""))
 
 
-__all__ = ["accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
+__all__ = ["DRIFT_STEP", "TABLE1_STRATEGIES", "strategy_gains", "strategy_gains_reading", "accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
            "claims_reading", "claim_grids", "statistics_contrasts", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
 
 
@@ -286,7 +372,7 @@ def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequ
                            seeds: Sequence[int] = SEEDS, tta: str = "bn", against: str = "fedavg",
                            lr: Optional[float] = None) -> pd.DataFrame:
     """In one column (``tta``: "bn" or a TTA-grad cell), each FedCTTA probe normalisation read there
-    (``FEDCTTA_GRAD_CELLS`` for the TTA-grad cells) against the strategy ``against``, paired by seed: the accuracy
+    (``FEDCTTA_GRAD_CELLS`` for the TTA-grad cells and step sizes) against the strategy ``against``, paired by seed: the accuracy
     difference and W's mean shares (self, same domain, and the same-domain share uniform mixing gives) read from the
     stored runs; one row per (setting, probe normalisation). ``lr``: the TTA-grad cell at this step size (runs made
     with ``fedtsa-table --lr``) instead of its own."""
@@ -295,7 +381,7 @@ def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequ
     rows = []
     for setting in settings:
         reference = accuracies(results_dir, tta, setting, (against, {}), seeds, lr=lr)
-        for label in [k for k in FEDCTTA_VARIANTS if tta == "bn" or (tta, setting) in FEDCTTA_GRAD_CELLS[k]]:
+        for label in [k for k in FEDCTTA_VARIANTS if tta == "bn" or (tta, setting, lr) in FEDCTTA_GRAD_CELLS[k]]:
             strategy, params = FEDCTTA_VARIANTS[label]
             grid = stored_table1_runs(results_dir, [strategy], list(seeds), ttas=(tta,), settings=(setting,),
                                       strategy_params=params, extra_keys=("weight_shares",), lr=lr)

@@ -198,8 +198,8 @@ from ftta_core.workbook import run_grid
 
 if compute_claims and not smoke:
     for claim_seeds in ([s for s in cifar_seeds if s < 3], [s for s in cifar_seeds if s >= 3]):
-        for tta, setting, variants in fidelity.claim_grids():
-            run_grid(table1_config("cifar10", setting, tta), variants, claim_seeds, results_dir=results_dir)
+        for tta, setting, lr, variants in fidelity.claim_grids():
+            run_grid(table1_config("cifar10", setting, tta, lr=lr), variants, claim_seeds, results_dir=results_dir)
 
 claims = pd.DataFrame(fidelity.fedctta_claims(results_dir) + fidelity.fedavgm_claims(results_dir))
 display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds", "verdict",

@@ -9,6 +9,7 @@ import pytest
 
 from ftta_core.fidelity import accuracies, claims_reading, claims_table, fedavgm_claims, paired, verdict
 from ftta_core.fedtsa.table1 import table1_config
+from ftta_core.paper import METHOD_LABELS
 from ftta_core.runstore import store_summary
 from ftta_core.workbook import config_key
 
@@ -110,18 +111,62 @@ def test_setting_contrasts_pair_niid_with_iid_per_cell(tmp_path):
 def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path):
     from ftta_core.fidelity import claim_grids, fedctta_claims
 
-    for tta, setting, variants in claim_grids():
+    for tta, setting, lr, variants in claim_grids():
         for i, variant in enumerate(variants.values()):
             for seed in (0, 1):
-                _store(tmp_path, tta, setting, variant["strategy"], seed, 60.0 + i + seed, variant["strategy_params"])
+                _store(tmp_path, tta, setting, variant["strategy"], seed, 60.0 + i + seed, variant["strategy_params"],
+                       lr=lr)
     rows = fedctta_claims(tmp_path) + fedavgm_claims(tmp_path)
     assert [r["settled by"] for r in rows if r["verdict"] == "no run" or r["seeds"] != 2] == []
     # Table I's TTA-grad IID column is read for the reference clients' probe handling only
     iid = [r["settled by"] for r in rows if r["claim"] == "FedCTTA above Local under TTA-grad, IID"]
-    assert [s.split(",")[0] for s in iid] == ["FedCTTA (probe_bn=eval)", "FedCTTA (reference code)"]
+    assert [s.split(",")[0] for s in iid] == ["FedCTTA (probe_bn=client)", "FedCTTA (probe_bn=eval)",
+                                              "FedCTTA (reference code)", "FedCTTA (reference code)"]
+    # at the drift step, our default and the reference code's handling only
+    assert sorted(s.split(",")[0] for s in iid if "0.0003" in s) == ["FedCTTA (probe_bn=client)",
+                                                                      "FedCTTA (reference code)"]
     # each TTA-grad cell plans FedAvg too: notebook 20 pairs FedCTTA with it there (uniform mixing of the whole state)
     assert all({"local", "fedavg"} <= {v["strategy"] for v in variants.values()}
-               for tta, _, variants in claim_grids() if tta != "bn")
+               for tta, _, _, variants in claim_grids() if tta != "bn")
+
+
+def test_tta_grad_claims_read_every_table1_strategy_at_the_drift_step_and_fedtsa_against_the_best(tmp_path):
+    """At ``DRIFT_STEP`` every Table 1 strategy gets its "above Local" claim, read from runs at that step only;
+    "FedTSA best" pairs FedTSA with the best other strategy at the seeds where every other one has a run."""
+    from ftta_core.fidelity import DRIFT_STEP, TABLE1_STRATEGIES, tta_grad_claims
+
+    cell, lr = DRIFT_STEP
+    for seed in (0, 1):
+        _store(tmp_path, "bn", "niid", "local", seed, 70.0)
+        _store(tmp_path, cell, "niid", "local", seed, 60.0, lr=lr)
+        for i, s in enumerate(TABLE1_STRATEGIES):
+            if seed == 1 and s == "moon":
+                continue  # seed 1 lacks one rival: "FedTSA best" is read at seed 0 only
+            _store(tmp_path, cell, "niid", s, seed, 62.0 + i * 0.1 + (5.0 if s == "fedtsa" else 0.0), lr=lr)
+    _store(tmp_path, cell, "niid", "fedamp", 2, 99.0)  # the cell's own step: never read at the drift step
+    rows = {r["claim"]: r for r in tta_grad_claims(tmp_path, settings=("niid",)) if "0.0003" in r["settled by"]}
+    assert len(rows) == 1 + len(TABLE1_STRATEGIES) + 2  # Local's gap, each strategy, FedCTTA's FedAvg row, best
+    assert rows["Local(grad) below Local(bn), NIID"]["ours"] == pytest.approx(-10.0)
+    assert rows["Local(grad) below Local(bn), NIID"]["verdict"] == "holds"  # the paper: -7.56
+    amp = rows["FedAMP above Local under TTA-grad, NIID"]
+    assert amp["seeds"] == 2 and amp["ours"] == pytest.approx(2.0 + 0.1 * TABLE1_STRATEGIES.index("fedamp"))
+    best = rows["FedTSA best under TTA-grad, NIID (minus the best other strategy)"]
+    rival = 62.0 + 0.1 * max(i for i, s in enumerate(TABLE1_STRATEGIES) if s != "fedtsa")
+    fedtsa = 67.0 + 0.1 * TABLE1_STRATEGIES.index("fedtsa")
+    assert best["seeds"] == 1 and best["ours"] == pytest.approx(fedtsa - rival)
+    assert best["paper"] == pytest.approx(57.32 - 55.88)  # FedTSA - FedAMP, the paper's best other in NIID
+    from ftta_core.fidelity import strategy_gains, strategy_gains_reading
+
+    gains = strategy_gains(tmp_path, settings=("niid",)).set_index("method")
+    assert gains.loc["FedAMP", "ours"] == pytest.approx(amp["ours"]) and list(gains.index) == [
+        METHOD_LABELS[s] for s in TABLE1_STRATEGIES]
+    text = strategy_gains_reading(gains.reset_index())
+    assert text.startswith(f"NIID ({len(TABLE1_STRATEGIES)} of {len(TABLE1_STRATEGIES)} strategies with runs, 1-2 "
+                           f"seed(s) each): {len(TABLE1_STRATEGIES)} gain more than 0.5 points over Local")
+    assert "best over Local: ours FedTSA" in text and "different numbers of seeds" in text
+    # the 2x2 cells' rows stay Local, FedAvg and FedTSA only
+    own = [r["claim"] for r in tta_grad_claims(tmp_path, settings=("niid",)) if "0.0003" not in r["settled by"]]
+    assert not any("FedAMP" in c or "best" in c for c in own)
 
 
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
@@ -181,7 +226,7 @@ def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_r
     big = fedctta_probe_contrast(tmp_path, settings=("niid",), tta="grad-running-adam", against="local",
                                  lr=3e-4).set_index("FedCTTA")
     assert big.loc["FedCTTA (reference code)", "difference"] == pytest.approx(4.0)
-    assert big.loc["FedCTTA (probe_bn=eval)", "seeds"] == 0
+    assert list(big.index) == ["FedCTTA (probe_bn=client)", "FedCTTA (reference code)"]  # read at the drift step
     again = fedctta_probe_contrast(tmp_path, settings=("niid",), tta="grad-running-adam", against="local")
     assert again.set_index("FedCTTA").loc["FedCTTA (reference code)", "seeds"] == 0
 
