@@ -188,6 +188,39 @@ def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
     return " ".join(parts)
 
 
+def difference_by_step(results_dir: Path | str = RESULTS_DIR, strategy: str = "fedavg_ft", against: str = "fedavg",
+                       steps: Sequence[Tuple[str, Optional[float]]] = (("grad", None), (DRIFT_STEP[0], None),
+                                                                       DRIFT_STEP),
+                       settings: Sequence[str] = ("niid", "iid"), tie: float = 0.5) -> pd.DataFrame:
+    """``strategy`` - ``against`` in each (TTA-grad cell, step size: None for the cell's own) of ``steps``, paired
+    by seed, beside the paper's difference of the two (FedTSA Table 1, TTA-grad) with the verdict (``tie``): what a
+    strategy adds to another (e.g. FedAvg+FT's fine-tuning step after mixing) as the clients' steps grow."""
+    paper = _paper("fedtsa_table1")
+    a_label, b_label = METHOD_LABELS[strategy], METHOD_LABELS[against]
+    rows = []
+    for setting in settings:
+        theirs = paper[(a_label, setting, "grad")] - paper[(b_label, setting, "grad")]
+        for cell, lr in steps:
+            a = accuracies(results_dir, cell, setting, (strategy, {}), lr=lr)
+            b = accuracies(results_dir, cell, setting, (against, {}), lr=lr)
+            mean, sd, seeds = paired(a, b)
+            rows.append({"setting": setting, "cell": _cell_label(cell, lr), "difference": f"{a_label} - {b_label}",
+                         "ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs,
+                         "verdict": verdict(mean, theirs, tie), "stale runs": stale_used(seeds, a, b)})
+    return pd.DataFrame(rows)
+
+
+def difference_by_step_reading(table: pd.DataFrame) -> str:
+    """``difference_by_step`` in one sentence per setting: ours at each step size with runs, beside the paper's."""
+    parts = []
+    for setting, g in table.groupby("setting", sort=False):
+        ran = g[g.seeds > 0]
+        said = ", ".join(f"{r['ours']:+.2f} in {r['cell']} ({r['seeds']} seed(s))" for r in ran.to_dict("records"))
+        parts.append(f"{setting.upper()}: {g['difference'].iloc[0]} " + (said or "not run yet")
+                     + f"; the paper {g['paper'].iloc[0]:+.2f}.")
+    return " ".join(parts)
+
+
 def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
                     cells: Sequence[str] = GRAD_CELLS, settings: Sequence[str] = ("niid", "iid"),
                     drift: Sequence[Tuple[str, float]] = (DRIFT_STEP,)) -> List[dict]:
@@ -292,7 +325,8 @@ def claims_reading(table: pd.DataFrame) -> str:
                f"figures --list stale` names them, `python -m ftta_core reproduce FILE` re-checks one)." if stale else ""))
 
 
-__all__ = ["DRIFT_STEP", "TABLE1_STRATEGIES", "strategy_gains", "strategy_gains_reading", "accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
+__all__ = ["DRIFT_STEP", "TABLE1_STRATEGIES", "strategy_gains", "strategy_gains_reading", "difference_by_step",
+           "difference_by_step_reading", "accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
            "claims_reading", "claim_grids", "statistics_contrasts", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
 
 

@@ -345,6 +345,7 @@ if (steps.seeds > 0).sum() > 1:
 # top of this section (batch BN, SGD 1e-4) stays as it was.
 
 # %%
+from ftta_core import fidelity
 from ftta_core.fidelity import strategy_gains, strategy_gains_reading
 from ftta_core.fedtsa.source_regime import PAPER_T1_LABEL
 
@@ -370,6 +371,18 @@ if len(ran):
     axes[0].figure.savefig(Path(figure_dir) / "table1_grad_drift.png", bbox_inches="tight")
 
 # %% [markdown]
+# FedAvg+FT is FedAvg with one more adaptation step on the client's batch after mixing, before it predicts. What that
+# step adds to FedAvg, paired by seed, in the batch-statistics SGD cell (Table 1's TTA-grad rows above), in the
+# reference clients' cell at its own step (runs planned in `figures/fedtsa_table1/step_size.plan.jsonl`) and at
+# `drift_lr`, beside the paper's FedAvg+FT − FedAvg:
+
+# %%
+ft_cost = fidelity.difference_by_step(results_dir, "fedavg_ft", "fedavg",
+                                      steps=[("grad", None), (drift_cell, None), (drift_cell, drift_lr)])
+display(tables.show(ft_cost.set_index(["setting", "cell"]), best=None))
+display(Markdown(fidelity.difference_by_step_reading(ft_cost)))
+
+# %% [markdown]
 # ## Which TTA-grad claims hold, and what moves them
 # Each row is one claim in one cell of the 2x2, or in the reference clients' cell at `drift_lr` (there for every
 # strategy of Table 1, and FedTSA against the best of them): the paper's difference (FedTSA Table 1; for FedAvg - Local also
@@ -381,8 +394,6 @@ if len(ran):
 # statistics), so a claim that moves is traced to the factor that moved it, in stored runs.
 
 # %%
-from ftta_core import fidelity
-
 claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir, drift=[(drift_cell, drift_lr)]))
 claims = claims[claims.seeds > 0]
 claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs"]

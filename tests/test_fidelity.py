@@ -169,6 +169,24 @@ def test_tta_grad_claims_read_every_table1_strategy_at_the_drift_step_and_fedtsa
     assert not any("FedAMP" in c or "best" in c for c in own)
 
 
+def test_difference_by_step_pairs_two_strategies_within_each_cell_and_step(tmp_path):
+    from ftta_core.fidelity import DRIFT_STEP, difference_by_step, difference_by_step_reading
+
+    cell, lr = DRIFT_STEP
+    for seed, (avg, ft) in enumerate([(70.0, 66.0), (71.0, 66.0)]):
+        _store(tmp_path, cell, "iid", "fedavg", seed, avg, lr=lr)
+        _store(tmp_path, cell, "iid", "fedavg_ft", seed, ft, lr=lr)
+    _store(tmp_path, cell, "iid", "fedavg", 0, 60.0)  # the cell's own step: paired with nothing
+    _store(tmp_path, cell, "iid", "fedavg_ft", 1, 60.0)
+    t = difference_by_step(tmp_path, settings=("iid",)).set_index("cell")
+    drift = t.loc["grad-running-adam (BN running, adam 0.0003)"]
+    assert drift["ours"] == pytest.approx(-4.5) and drift["seeds"] == 2
+    assert drift["paper"] == pytest.approx(49.84 - 57.28) and drift["verdict"] == "holds"
+    assert t.loc["grad-running-adam (BN running, adam 1e-05)", "seeds"] == 0  # no seed has both there
+    assert difference_by_step_reading(t.reset_index()) == (
+        "IID: FedAvg+FT - FedAvg -4.50 in grad-running-adam (BN running, adam 0.0003) (2 seed(s)); the paper -7.44.")
+
+
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
     from ftta_core.fidelity import statistics_contrasts
 
