@@ -191,32 +191,36 @@ def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
 def difference_by_step(results_dir: Path | str = RESULTS_DIR, strategy: str = "fedavg_ft", against: str = "fedavg",
                        steps: Sequence[Tuple[str, Optional[float]]] = (("grad", None), (DRIFT_STEP[0], None),
                                                                        DRIFT_STEP),
-                       settings: Sequence[str] = ("niid", "iid"), tie: float = 0.5) -> pd.DataFrame:
+                       settings: Sequence[str] = ("niid", "iid"), tie: float = 0.5,
+                       params: Optional[Mapping[str, Any]] = None) -> pd.DataFrame:
     """``strategy`` - ``against`` in each (TTA-grad cell, step size: None for the cell's own) of ``steps``, paired
     by seed, beside the paper's difference of the two (FedTSA Table 1, TTA-grad) with the verdict (``tie``): what a
-    strategy adds to another (e.g. FedAvg+FT's fine-tuning step after mixing) as the clients' steps grow."""
+    strategy adds to another (e.g. FedAvg+FT's fine-tuning step after mixing) as the clients' steps grow.
+    ``params``: ``strategy``'s runs with these parameters (e.g. FedAvgM's ``{"momentum_on": "params"}``)."""
     paper = _paper("fedtsa_table1")
     a_label, b_label = METHOD_LABELS[strategy], METHOD_LABELS[against]
+    named = a_label + (" (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
     rows = []
     for setting in settings:
         theirs = paper[(a_label, setting, "grad")] - paper[(b_label, setting, "grad")]
         for cell, lr in steps:
-            a = accuracies(results_dir, cell, setting, (strategy, {}), lr=lr)
+            a = accuracies(results_dir, cell, setting, (strategy, dict(params or {})), lr=lr)
             b = accuracies(results_dir, cell, setting, (against, {}), lr=lr)
             mean, sd, seeds = paired(a, b)
-            rows.append({"setting": setting, "cell": _cell_label(cell, lr), "difference": f"{a_label} - {b_label}",
+            rows.append({"setting": setting, "cell": _cell_label(cell, lr), "difference": f"{named} - {b_label}",
                          "ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs,
                          "verdict": verdict(mean, theirs, tie), "stale runs": stale_used(seeds, a, b)})
     return pd.DataFrame(rows)
 
 
 def difference_by_step_reading(table: pd.DataFrame) -> str:
-    """``difference_by_step`` in one sentence per setting: ours at each step size with runs, beside the paper's."""
+    """``difference_by_step`` (one or several, concatenated) in one sentence per (setting, difference): ours at each
+    cell and step size with runs, beside the paper's."""
     parts = []
-    for setting, g in table.groupby("setting", sort=False):
+    for (setting, difference), g in table.groupby(["setting", "difference"], sort=False):
         ran = g[g.seeds > 0]
         said = ", ".join(f"{r['ours']:+.2f} in {r['cell']} ({r['seeds']} seed(s))" for r in ran.to_dict("records"))
-        parts.append(f"{setting.upper()}: {g['difference'].iloc[0]} " + (said or "not run yet")
+        parts.append(f"{setting.upper()}: {difference} " + (said or "not run yet")
                      + f"; the paper {g['paper'].iloc[0]:+.2f}.")
     return " ".join(parts)
 

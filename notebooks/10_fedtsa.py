@@ -383,6 +383,19 @@ display(tables.show(ft_cost.set_index(["setting", "cell"]), best=None))
 display(Markdown(fidelity.difference_by_step_reading(ft_cost)))
 
 # %% [markdown]
+# FedAvgM's server momentum against FedAvg in the same cells, both ways it can be applied under running statistics
+# (`ftta_core/strategies/fedavgm.py`): on every shared tensor, the running statistics included (the default, Table 1's
+# FedAvgM row), and on parameters only with the statistics averaged as FedAvg does (`momentum_on=params`; runs
+# planned in `figures/fedtsa_table1/step_size.plan.jsonl`):
+
+# %%
+momentum = pd.concat([fidelity.difference_by_step(results_dir, "fedavgm", "fedavg", params=params,
+                                                  steps=[("grad", None), (drift_cell, None), (drift_cell, drift_lr)])
+                      for params in ({}, {"momentum_on": "params"})], ignore_index=True)
+display(tables.show(momentum[momentum.seeds > 0].set_index(["setting", "cell", "difference"]), best=None))
+display(Markdown(fidelity.difference_by_step_reading(momentum)))
+
+# %% [markdown]
 # ## Which TTA-grad claims hold, and what moves them
 # Each row is one claim in one cell of the 2x2, or in the reference clients' cell at `drift_lr` (there for every
 # strategy of Table 1, and FedTSA against the best of them): the paper's difference (FedTSA Table 1; for FedAvg - Local also

@@ -185,6 +185,10 @@ def test_difference_by_step_pairs_two_strategies_within_each_cell_and_step(tmp_p
     assert t.loc["grad-running-adam (BN running, adam 1e-05)", "seeds"] == 0  # no seed has both there
     assert difference_by_step_reading(t.reset_index()) == (
         "IID: FedAvg+FT - FedAvg -4.50 in grad-running-adam (BN running, adam 0.0003) (2 seed(s)); the paper -7.44.")
+    _store(tmp_path, cell, "iid", "fedavgm", 0, 69.0, {"momentum_on": "params"}, lr=lr)
+    _store(tmp_path, cell, "iid", "fedavgm", 0, 30.0, lr=lr)  # the default: not read for the variant
+    m = difference_by_step(tmp_path, "fedavgm", settings=("iid",), params={"momentum_on": "params"}).iloc[-1]
+    assert m["difference"] == "FedAvgM (momentum_on=params) - FedAvg" and m["ours"] == pytest.approx(-1.0)
 
 
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
