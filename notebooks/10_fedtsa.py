@@ -365,9 +365,10 @@ if len(ran):
                        ran.assign(numbers=PAPER_T1_LABEL, ours=ran["paper"], seeds=5, **{"ours sd": np.nan})])
     shown = shown.rename(columns={"ours": "gain over Local", "ours sd": "sd"}).assign(
         setting=lambda d: d.setting.str.upper())
-    axes = plots.gains_by_panel(shown, ["setting"], hue="numbers", marker_hue=PAPER_T1_LABEL, tie=0.5)
-    axes[0].figure.suptitle(f"TTA-grad gain over Local, {drift_cell} at Adam {drift_lr:g} (mean ± sd over paired "
-                            "seeds; grey: a tie of ±0.5)")
+    fig, axes = plt.subplots(2, 1, figsize=(style.MAX_WIDTH * 0.8, 6.5), sharey=True, layout="constrained")
+    plots.gains_by_panel(shown, ["setting"], hue="numbers", marker_hue=PAPER_T1_LABEL, tie=0.5, axes=axes)
+    fig.suptitle(f"TTA-grad gain over Local, {drift_cell} at Adam {drift_lr:g}\n(mean ± sd over paired seeds; open: "
+                 "one seed; grey: a tie of ±0.5)")
     axes[0].figure.savefig(Path(figure_dir) / "table1_grad_drift.png", bbox_inches="tight")
 
 # %% [markdown]
