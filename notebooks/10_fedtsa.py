@@ -386,13 +386,17 @@ display(Markdown(fidelity.difference_by_step_reading(ft_cost)))
 # %% [markdown]
 # FedAvgM's server momentum against FedAvg in the same cells, both ways it can be applied under running statistics
 # (`ftta_core/strategies/fedavgm.py`): on every shared tensor, the running statistics included (the default, Table 1's
-# FedAvgM row), and on parameters only with the statistics averaged as FedAvg does (`momentum_on=params`; runs
-# planned in `figures/fedtsa_table1/step_size.plan.jsonl`):
+# FedAvgM row), and on parameters only with the statistics averaged as FedAvg does (`momentum_on=params`); and, with
+# momentum on every tensor, a smaller momentum (`beta=0.5`) or server step (`server_lr=0.1`): a move the average
+# repeats every round is multiplied by server_lr / (1 - beta) in the steady state of momentum, 10 by default (beta
+# 0.9, server_lr 1), 2 at beta 0.5 and 1 at server_lr 0.1. Runs planned in
+# `figures/fedtsa_table1/step_size.plan.jsonl`:
 
 # %%
 momentum = pd.concat([fidelity.difference_by_step(results_dir, "fedavgm", "fedavg", params=params,
                                                   steps=[("grad", None), (drift_cell, None), (drift_cell, drift_lr)])
-                      for params in ({}, {"momentum_on": "params"})], ignore_index=True)
+                      for params in ({}, {"momentum_on": "params"}, {"beta": 0.5}, {"server_lr": 0.1})],
+                     ignore_index=True)
 display(tables.show(momentum[momentum.seeds > 0].set_index(["setting", "cell", "difference"]), best=None))
 display(Markdown(fidelity.difference_by_step_reading(momentum)))
 
