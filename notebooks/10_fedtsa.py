@@ -240,18 +240,21 @@ display(Markdown(adaptation_reading(adaptation)))
 # `figures/fedtsa_table1/source_model.plan.jsonl`). For every method with runs on the shipped model and another: its
 # gain over Local, paired by seed within each model, and whether the sign (a gain within ±0.5 is a tie) is the same;
 # the paper's gain in the same cell (its Table 1 means) stands beside them, and the reading counts, per model, the
-# signs that agree with the paper's. TTA-grad here is the reference clients' cell (running BN statistics, Adam 1e-5);
-# its row "Local (vs TTA-bn Local)" is Local(grad) − Local(bn), paired by seed (the paper's row: its TTA-grad Local
-# minus its TTA-bn Local).
+# signs that agree with the paper's. TTA-grad here is the reference clients' cell (running BN statistics, Adam), at
+# the reference code's 1e-5 and at `drift_lr` (the step where Local drifts on the shipped model and the paper's
+# TTA-grad pattern appears, section "Table 1's TTA-grad rows in the cell where the paper's pattern appears"), each
+# step its own column (the drift step's section is further below); its row "Local (vs TTA-bn Local)" is Local(grad) − Local(bn), paired by seed (the paper's row:
+# its TTA-grad Local minus its TTA-bn Local).
 
 # %%
 from ftta_core.fedtsa.source_regime import (LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading,
-                                             seeds_text)
+                                             seeds_text, step_label, stored_by_step)
+from ftta_core.paper import TTA_SETTINGS
 
-model_ttas = ("bn", "grad-running-adam")
-by_model = {"resnet8_cifar10": stored_table1_runs(results_dir, methods, all_seeds, ttas=model_ttas)}
+model_steps = [("bn", None), ("grad-running-adam", None), ("grad-running-adam", drift_lr)]
+by_model = {"resnet8_cifar10": stored_by_step(results_dir, methods, all_seeds, model_steps)}
 for model in other_source_models:
-    by_model[model] = stored_table1_runs(results_dir, methods, all_seeds, ttas=model_ttas, model=model)
+    by_model[model] = stored_by_step(results_dir, methods, all_seeds, model_steps, model=model)
     print(source_model_line(model))
 model_conclusions = conclusions_by_model(by_model, "resnet8_cifar10")
 if len(model_conclusions):
@@ -259,7 +262,10 @@ if len(model_conclusions):
 display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
 if len(model_conclusions):
     shown_gains = model_conclusions.assign(
-        tta=model_conclusions.tta.replace({"bn": "TTA-bn", "grad-running-adam": "TTA-grad (running BN, Adam)"}),
+        tta=model_conclusions.tta.replace({"bn": "TTA-bn", "grad-running-adam": "TTA-grad (running BN, Adam "
+                                           f"{TTA_SETTINGS['grad-running-adam']['local_params']['lr']:g})",
+                                           step_label("grad-running-adam", drift_lr):
+                                               f"TTA-grad (running BN, Adam {drift_lr:g})"}),
         setting=model_conclusions.setting.str.upper())
     axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5,
                                 x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})

@@ -1,6 +1,7 @@
 """Our source models' per-corruption profile beside FedTSA's No-Adapt row: ratios, rank correlation, nearest model."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -162,3 +163,30 @@ def test_a_gradient_cell_carries_local_minus_tta_bn_local_and_never_takes_a_mixe
     no_local = conclusions_by_model({"shipped": runs(69.0, None, 64.0, 71.0), "weak": runs(40.0, None, 38.0, 36.0)},
                                     "shipped")
     assert no_local[no_local.tta == "grad-running-adam"].empty
+
+
+def test_a_cell_at_another_step_size_is_its_own_column_compared_with_the_papers_tta_grad(tmp_path):
+    from ftta_core.fedtsa.source_regime import (PAPER_T1_LABEL, cell_of, conclusions_by_model, step_label,
+                                                 stored_by_step)
+    from ftta_core.fedtsa.table1 import table1_config
+    from ftta_core.runstore import store_summary
+    from ftta_core.workbook import config_key
+
+    assert step_label("grad-running-adam") == "grad-running-adam"
+    assert cell_of(step_label("grad-running-adam", 3e-4)) == "grad-running-adam"
+    accuracy = {(None, "local"): 60.0, (None, "fedavg"): 58.0, (3e-4, "local"): 50.0, (3e-4, "fedavg"): 55.0}
+    for (lr, strategy), acc in accuracy.items():
+        cfg = dataclasses.replace(table1_config("cifar10", "niid", "grad-running-adam", lr=lr), strategy=strategy,
+                                  seed=0)
+        store_summary(tmp_path / f"{config_key(cfg)}.json", {"config": cfg.to_dict(), "accuracy": acc,
+                                                             "accuracy_local": acc, "accuracy_source": 40.0})
+    grid = stored_by_step(tmp_path, ["local", "fedavg"], [0], [("grad-running-adam", None),
+                                                             ("grad-running-adam", 3e-4)])
+    assert sorted(grid.tta.unique()) == ["grad-running-adam", "grad-running-adam @ 0.0003"]
+    table = conclusions_by_model({"shipped": grid, "other": grid}, "shipped")
+    gain = table.set_index(["tta", "method", "model"])["gain over Local"]
+    assert gain[("grad-running-adam", "FedAvg", "shipped")] == -2.0
+    assert gain[("grad-running-adam @ 0.0003", "FedAvg", "shipped")] == 5.0
+    # both step sizes stand beside the paper's TTA-grad gain (FedAvg 56.52 vs Local ... in its NIID column)
+    paper = gain.xs(PAPER_T1_LABEL, level="model")
+    assert paper[("grad-running-adam @ 0.0003", "FedAvg")] == paper[("grad-running-adam", "FedAvg")]

@@ -193,6 +193,29 @@ def _sign(x: float, tie: float) -> str:
 PAPER_T1_LABEL = "FedTSA (Table 1)"
 CONCLUSION_COLUMNS = ["tta", "setting", "method", "model", "gain over Local", "sd", "seeds", "same sign"]
 LOCAL_VS_BN = "Local (vs TTA-bn Local)"  # a gradient cell's Local minus TTA-bn's Local, in the gain column
+STEP_SEPARATOR = " @ "  # "grad-running-adam @ 0.0003": a gradient cell at a step size other than its own
+
+
+def step_label(cell: str, lr: Optional[float] = None) -> str:
+    """The ``tta`` label of a TTA cell in the conclusions' tables: the cell's name, with `` @ lr`` when it ran at a
+    step size other than its own (``fidelity.DRIFT_STEP``'s 3e-4 for ``grad-running-adam``)."""
+    return cell if lr is None else f"{cell}{STEP_SEPARATOR}{lr:g}"
+
+
+def cell_of(label: str) -> str:
+    """The TTA cell (a ``paper.TTA_SETTINGS`` key) a ``step_label`` names."""
+    return label.split(STEP_SEPARATOR)[0]
+
+
+def stored_by_step(results_dir: Path | str, strategies: Sequence[str], seeds: Sequence[int],
+                   steps: Sequence[tuple], model: Optional[str] = None) -> pd.DataFrame:
+    """``table1.stored_table1_runs`` of one source model for several (cell, lr) pairs (lr None: the cell's own),
+    their ``tta`` column set to ``step_label(cell, lr)``, so one cell at two step sizes stays two columns."""
+    from .table1 import stored_table1_runs
+    parts = [stored_table1_runs(results_dir, strategies, seeds, ttas=(cell,), model=model, lr=lr)
+             .assign(tta=step_label(cell, lr)) for cell, lr in steps]
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def paper_table1_gains(dataset: str = "cifar10") -> pd.DataFrame:
@@ -252,7 +275,8 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
     if table.empty:
         return pd.DataFrame(columns=CONCLUSION_COLUMNS)
     paper = paper_table1_gains()  # the paper's gains in the same cells, its TTA mode standing for our cells
-    paper = [paper[paper.tta == paper_tta(tta)].assign(tta=tta) for tta in table.tta.unique() if tta in TTA_SETTINGS]
+    paper = [paper[paper.tta == paper_tta(cell_of(tta))].assign(tta=tta) for tta in table.tta.unique()
+             if cell_of(tta) in TTA_SETTINGS]
     if paper:
         paper = pd.concat(paper, ignore_index=True)
         keys = set(zip(table.tta, table.setting, table.method))
@@ -337,4 +361,4 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
 
 __all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading",
            "adaptation_profiles", "adaptation_summary", "adaptation_reading", "conclusions_by_model",
-           "conclusions_reading", "seeds_text"]
+           "conclusions_reading", "seeds_text", "step_label", "cell_of", "stored_by_step"]
