@@ -74,13 +74,24 @@ def stale_used(seeds: Sequence[int], *series: pd.Series) -> int:
     return sum(len(set(s.attrs.get("stale", [])) & set(seeds)) for s in series)
 
 
-def verdict(ours: float, paper: float, tie: float) -> str:
-    """'holds' when ours falls on the paper's side of 0 by more than ``tie`` (or within ``tie`` when the paper's is),
-    'does not hold' otherwise, 'no run' when ours is NaN."""
+# a difference on the paper's side of 0 but more than this many times the paper's, or under this fraction of it, has
+# the paper's direction and not its size (e.g. FedAvgM 38 points below FedAvg where the paper has 2): 'direction only'
+MAGNITUDE_FACTOR = 3.0
+
+
+def verdict(ours: float, paper: float, tie: float, factor: Optional[float] = MAGNITUDE_FACTOR) -> str:
+    """'holds' when ours falls on the paper's side of 0 by more than ``tie`` (or within ``tie`` when the paper's is)
+    and has its size: within ``tie`` of the paper's value or within a factor ``factor`` of it; 'direction only' when
+    the side is the paper's and the size is not; 'does not hold' when the side differs; 'no run' when ours is NaN.
+    ``factor`` None: the side alone (a claim without a number, e.g. "W clusters by domain")."""
     if np.isnan(ours):
         return "no run"
     side = lambda x: 0 if abs(x) <= tie else (1 if x > 0 else -1)  # noqa: E731
-    return "holds" if side(ours) == side(paper) else "does not hold"
+    if side(ours) != side(paper):
+        return "does not hold"
+    if factor is None or side(paper) == 0 or abs(ours - paper) <= tie or 1 / factor <= ours / paper <= factor:
+        return "holds"
+    return "direction only"
 
 
 def _paper(table: str, dataset: str = "cifar10") -> pd.Series:
@@ -174,10 +185,12 @@ def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
                 f"{int((ran['ours'] > tie).sum())} gain more than {tie:g} points over Local (the paper: "
                 f"{int((ran['paper'] > tie).sum())} of the same); the verdict holds for "
                 f"{int((ran['verdict'] == 'holds').sum())} of {len(ran)}")
-        differ = ran[ran["verdict"] != "holds"]
-        if len(differ):
-            text += " (not for " + ", ".join(f"{r['method']} {r['ours']:+.2f} vs {r['paper']:+.2f}"
-                                             for r in differ.to_dict("records")) + ")"
+        for name, said in (("direction only", f"in direction only (size off by more than {MAGNITUDE_FACTOR:g}x)"),
+                           ("does not hold", "does not hold")):
+            differ = ran[ran["verdict"] == name]
+            if len(differ):
+                text += f", {said} for " + ", ".join(f"{r['method']} {r['ours']:+.2f} vs {r['paper']:+.2f}"
+                                                     for r in differ.to_dict("records"))
         best, paper_best = ran.loc[ran["ours"].idxmax()], ran.loc[ran["paper"].idxmax()]
         text += (f"; best over Local: ours {best['method']} ({best['ours']:+.2f}), the paper's among the same "
                  f"strategies {paper_best['method']} ({paper_best['paper']:+.2f})"
@@ -321,16 +334,19 @@ def claims_reading(table: pd.DataFrame) -> str:
     counts = table["verdict"].value_counts()
     held = table[table["verdict"] == "holds"]
     stale = int((table.get("stale runs", pd.Series(dtype=int)).fillna(0) > 0).sum())
-    return (f"{counts.get('holds', 0)} claim(s) hold, {counts.get('does not hold', 0)} do not, "
-            f"{counts.get('no run', 0)} have no stored run. Holding: "
-            + ("; ".join(f"{r['claim']} [{r['settled by']}] ({r['ours']:+.2f} vs paper {r['paper']:+.2f})"
-                         for r in held.to_dict("records")) or "none") + "."
+    direction = table[table["verdict"] == "direction only"]
+    said = lambda rows: "; ".join(f"{r['claim']} [{r['settled by']}] ({r['ours']:+.2f} vs paper {r['paper']:+.2f})"  # noqa: E731
+                                  for r in rows.to_dict("records")) or "none"
+    return (f"{counts.get('holds', 0)} claim(s) hold, {counts.get('direction only', 0)} hold in direction only (on "
+            f"the paper's side of 0 but more than {MAGNITUDE_FACTOR:g}x or under 1/{MAGNITUDE_FACTOR:g} of its size), "
+            f"{counts.get('does not hold', 0)} do not, {counts.get('no run', 0)} have no stored run. Holding: "
+            + said(held) + "." + (f" In direction only: {said(direction)}." if len(direction) else "")
             + (f" {stale} row(s) rest on runs made by code that has changed since (`python -m ftta_core runs "
                f"figures --list stale` names them, `python -m ftta_core reproduce FILE` re-checks one)." if stale else ""))
 
 
 __all__ = ["DRIFT_STEP", "TABLE1_STRATEGIES", "strategy_gains", "strategy_gains_reading", "difference_by_step",
-           "difference_by_step_reading", "accuracies", "paired", "stale_used", "verdict", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
+           "difference_by_step_reading", "accuracies", "paired", "stale_used", "verdict", "MAGNITUDE_FACTOR", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
            "claims_reading", "claim_grids", "statistics_contrasts", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
 
 

@@ -52,11 +52,21 @@ def test_paired_uses_common_seeds_only():
     assert np.isnan(paired(pd.Series({0: float("nan")}), pd.Series({0: 1.0}))[0])
 
 
-@pytest.mark.parametrize("ours,paper,expected", [(1.0, 5.0, "holds"), (-1.0, 5.0, "does not hold"),
+@pytest.mark.parametrize("ours,paper,expected", [(2.0, 5.0, "holds"), (-1.0, 5.0, "does not hold"),
                                                   (0.2, 0.0, "holds"), (-3.0, 0.0, "does not hold"),
-                                                  (float("nan"), 1.0, "no run")])
-def test_verdict_sides_with_a_tie_band(ours, paper, expected):
+                                                  (float("nan"), 1.0, "no run"),
+                                                  # the paper's side but not its size: a third of it or 3x, not less
+                                                  (1.0, 5.0, "direction only"), (-38.25, -2.16, "direction only"),
+                                                  (-6.0, -2.16, "holds"), (1.5, 0.6, "holds"), (2.0, 0.6, "direction only"),
+                                                  # within the tie band of the paper's value counts as its size
+                                                  (0.9, 0.6, "holds")])
+def test_verdict_sides_with_a_tie_band_and_asks_for_the_papers_size(ours, paper, expected):
     assert verdict(ours, paper, tie=0.5) == expected
+
+
+def test_verdict_without_a_size_reads_the_side_alone():
+    assert verdict(40.0, 1.5, tie=0.5, factor=None) == "holds"
+    assert verdict(40.0, 1.5, tie=0.5) == "direction only"
 
 
 def test_strategy_variants_are_told_apart(tmp_path):
@@ -75,7 +85,8 @@ def test_strategy_variants_are_told_apart(tmp_path):
 def test_claims_table_without_runs_says_so(tmp_path):
     table = claims_table(tmp_path)
     assert set(table["verdict"]) == {"no run"}
-    assert claims_reading(table).startswith("0 claim(s) hold, 0 do not")
+    assert claims_reading(table).startswith("0 claim(s) hold, 0 hold in direction only")
+    assert ", 0 do not, " in claims_reading(table)
 
 
 def test_cell_contrasts_change_one_factor_and_pair_seeds(tmp_path):

@@ -253,7 +253,7 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = 0.
         clusters = _row(f"pFedBBN's W clusters by domain (same-domain share minus uniform, in points), "
                         f"{column}", "pFedBBN Fig 5 (no number: 'clusters')", float("nan"),
                         paired(100 * sh["same domain"], 100 * sh["uniform same-domain"]), tie, where)
-        clusters["verdict"] = verdict(clusters["ours"], 1.0 + tie, tie)  # the paper's claim: above uniform
+        clusters["verdict"] = verdict(clusters["ours"], 1.0 + tie, tie, factor=None)  # the claim: above uniform
         rows.append(clusters)
     return rows
 
