@@ -188,15 +188,17 @@ def server_cost_figure(result: dict, axes: Optional[Sequence[plt.Axes]] = None) 
 def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method", hue: str = "model",
                    y: str = "gain over Local", err: str = "sd", seeds: str = "seeds", marker_hue: Optional[str] = None,
                    tie: Optional[float] = None, x_labels: Optional[Mapping[str, str]] = None,
-                   axes: Optional[Sequence[plt.Axes]] = None) -> Sequence[plt.Axes]:
+                   axes: Optional[Sequence[plt.Axes]] = None, ncols: Optional[int] = None) -> Sequence[plt.Axes]:
     """Differences (e.g. each method's gain over Local) as points with +-``err`` bars: one panel per value of the
     ``panel`` columns, ``x`` on the x axis, one dodged series per ``hue`` (its key entry gives its seed range),
     a shared y scale; a point without ``err`` (one seed) is an open marker with no bar. ``marker_hue``'s series
     (e.g. a paper's means) is drawn as black crosses without error bars; ``tie`` shades +-tie around 0;
-    ``x_labels`` renames x ticks. One key, right of the last panel, for every series of any panel."""
+    ``x_labels`` renames x ticks; ``ncols``: panels per row (default: as many as fit). One key for every series of
+    any panel: below the panels in a figure made here, right of the last panel when ``axes`` are given."""
     keys = list(table.groupby(list(panel), sort=True).groups)
-    if axes is None:
-        _, axes = style.panels(len(keys), sharey=True)
+    own_figure = axes is None
+    if own_figure:
+        _, axes = style.panels(len(keys), ncols=ncols, sharey=True)
     series = [h for h in pd.unique(table[hue]) if h != marker_hue]
     colours = dict(zip(series, sns.color_palette(n_colors=max(1, len(series)))))
     hues = series + ([marker_hue] if marker_hue in set(table[hue]) else [])
@@ -229,8 +231,12 @@ def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method",
             f"-{int(n.max())}" if n.max() != n.min() else "") + f" seed{'s' if n.max() > 1 else ''})"
         key_entries[label] = (plt.Line2D([], [], marker="x", color="k", ls="none") if h == marker_hue
                               else plt.Line2D([], [], marker="o", color=colours[h], ls="none"))
-    axes[-1].legend(key_entries.values(), key_entries.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                    title=hue, frameon=False, borderaxespad=0.0)
+    if own_figure:  # a key beside one panel would widen its column of the constrained grid
+        axes[0].figure.legend(key_entries.values(), key_entries.keys(), loc="outside lower center", title=hue,
+                              frameon=False, ncols=min(len(key_entries), 4))
+    else:
+        axes[-1].legend(key_entries.values(), key_entries.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                        title=hue, frameon=False, borderaxespad=0.0)
     return axes
 
 

@@ -267,7 +267,7 @@ if len(model_conclusions):
                                            step_label("grad-running-adam", drift_lr):
                                                f"TTA-grad (running BN, Adam {drift_lr:g})"}),
         setting=model_conclusions.setting.str.upper())
-    axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5,
+    axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5, ncols=2,
                                 x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})
     axes[0].figure.suptitle("Gain over Local per source model (mean ± sd over seeds, paired by seed; "
                             "grey: a tie of ±0.5)")

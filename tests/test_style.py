@@ -114,10 +114,20 @@ def test_gains_by_panel_one_shared_panel_per_cell_paper_as_crosses_single_seeds_
     assert [list(c.lines[0].get_ydata()) for c in bars] == [[-2.0]]  # only the 3-seed point has a bar
     open_points = [ln for ln in niid.lines if ln.get_markerfacecolor() == "white" and len(ln.get_ydata())]
     assert [list(ln.get_ydata()) for ln in open_points] == [[-1.0]]
-    axes[0].figure.canvas.draw()
-    assert style.legend_is_outside(axes[-1])
-    labels = [t.get_text() for t in axes[-1].get_legend().get_texts()]
-    assert labels == ["a (3 seeds)", "b (1 seed)", "paper"]
+    fig = axes[0].figure
+    fig.canvas.draw()
+    (key,) = fig.legends  # one key for the figure, below every panel
+    renderer = fig.canvas.get_renderer()
+    assert not any(key.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)) for ax in axes)
+    assert [t.get_text() for t in key.get_texts()] == ["a (3 seeds)", "b (1 seed)", "paper"]
+    # axes given by the caller: the key goes right of the last one
+    _, given = plt.subplots(1, 2, sharey=True, layout="constrained")
+    plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", tie=0.5, axes=given)
+    given[0].figure.canvas.draw()
+    assert given[-1].get_legend() is not None and style.legend_is_outside(given[-1])
+    # panels per row: a 2-panel table in one column
+    stacked = plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", ncols=1)
+    assert stacked[0].get_position().y0 > stacked[1].get_position().y0
 
 
 def test_honest_ylim_widens_a_tiny_range():
