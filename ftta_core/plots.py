@@ -188,14 +188,17 @@ def server_cost_figure(result: dict, axes: Optional[Sequence[plt.Axes]] = None) 
 def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method", hue: str = "model",
                    y: str = "gain over Local", err: str = "sd", seeds: str = "seeds", marker_hue: Optional[str] = None,
                    tie: Optional[float] = None, x_labels: Optional[Mapping[str, str]] = None,
-                   axes: Optional[Sequence[plt.Axes]] = None, ncols: Optional[int] = None) -> Sequence[plt.Axes]:
+                   axes: Optional[Sequence[plt.Axes]] = None, ncols: Optional[int] = None,
+                   sort: bool = True) -> Sequence[plt.Axes]:
     """Differences (e.g. each method's gain over Local) as points with +-``err`` bars: one panel per value of the
     ``panel`` columns, ``x`` on the x axis, one dodged series per ``hue`` (its key entry gives its seed range),
     a shared y scale; a point without ``err`` (one seed) is an open marker with no bar. ``marker_hue``'s series
     (e.g. a paper's means) is drawn as black crosses without error bars; ``tie`` shades +-tie around 0;
-    ``x_labels`` renames x ticks; ``ncols``: panels per row (default: as many as fit). One key for every series of
-    any panel: below the panels in a figure made here, right of the last panel when ``axes`` are given."""
-    keys = list(table.groupby(list(panel), sort=True).groups)
+    ``x_labels`` renames x ticks; ``ncols``: panels per row (default: as many as fit); ``sort`` False: panels in the
+    order the table first shows them. One key for every series of any panel: below the panels in a figure made
+    here, right of the last panel when ``axes`` are given."""
+    keys = list(dict.fromkeys(map(tuple, table[list(panel)].itertuples(index=False))))
+    keys = sorted(keys) if sort else keys
     own_figure = axes is None
     if own_figure:
         _, axes = style.panels(len(keys), ncols=ncols, sharey=True)

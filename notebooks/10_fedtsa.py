@@ -241,17 +241,18 @@ display(Markdown(adaptation_reading(adaptation)))
 # gain over Local, paired by seed within each model, and whether the sign (a gain within ±0.5 is a tie) is the same;
 # the paper's gain in the same cell (its Table 1 means) stands beside them, and the reading counts, per model, the
 # signs that agree with the paper's. TTA-grad here is the reference clients' cell (running BN statistics, Adam), at
-# the reference code's 1e-5 and at `drift_lr` (the step where Local drifts on the shipped model and the paper's
-# TTA-grad pattern appears, section "Table 1's TTA-grad rows in the cell where the paper's pattern appears"), each
-# step its own column (the drift step's section is further below); its row "Local (vs TTA-bn Local)" is Local(grad) − Local(bn), paired by seed (the paper's row:
-# its TTA-grad Local minus its TTA-bn Local).
+# the reference code's 1e-5 and at the larger `step_sizes` of the step-size table below (`drift_lr` among them: the
+# step where Local drifts on the shipped model and the paper's TTA-grad pattern appears, section "Table 1's TTA-grad
+# rows in the cell where the paper's pattern appears"), each step its own column and panel row; its row "Local (vs
+# TTA-bn Local)" is Local(grad) − Local(bn), paired by seed (the paper's row: its TTA-grad Local minus its TTA-bn
+# Local). A step counts only where a model other than the shipped one has runs at it.
 
 # %%
 from ftta_core.fedtsa.source_regime import (LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading,
                                              seeds_text, step_label, stored_by_step)
 from ftta_core.paper import TTA_SETTINGS
 
-model_steps = [("bn", None), ("grad-running-adam", None), ("grad-running-adam", drift_lr)]
+model_steps = [("bn", None), ("grad-running-adam", None), *[("grad-running-adam", lr) for lr in step_sizes]]
 by_model = {"resnet8_cifar10": stored_by_step(results_dir, methods, all_seeds, model_steps)}
 for model in other_source_models:
     by_model[model] = stored_by_step(results_dir, methods, all_seeds, model_steps, model=model)
@@ -261,14 +262,14 @@ if len(model_conclusions):
     display(tables.show(model_conclusions.set_index(["tta", "setting", "method", "model"]), best=None))
 display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
 if len(model_conclusions):
-    shown_gains = model_conclusions.assign(
-        tta=model_conclusions.tta.replace({"bn": "TTA-bn", "grad-running-adam": "TTA-grad (running BN, Adam "
-                                           f"{TTA_SETTINGS['grad-running-adam']['local_params']['lr']:g})",
-                                           step_label("grad-running-adam", drift_lr):
-                                               f"TTA-grad (running BN, Adam {drift_lr:g})"}),
-        setting=model_conclusions.setting.str.upper())
+    step_names = {step_label(cell, lr): "TTA-bn" if cell == "bn" else "TTA-grad (running BN, Adam "
+                  f"{TTA_SETTINGS[cell]['local_params']['lr'] if lr is None else lr:g})" for cell, lr in model_steps}
+    in_step_order = model_conclusions.sort_values(
+        "tta", key=lambda t: t.map(list(step_names).index), kind="stable")
+    shown_gains = in_step_order.assign(tta=in_step_order.tta.map(step_names),
+                                       setting=in_step_order.setting.str.upper())
     axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5, ncols=2,
-                                x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})
+                                sort=False, x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})
     axes[0].figure.suptitle("Gain over Local per source model (mean ± sd over seeds, paired by seed; "
                             "grey: a tie of ±0.5)")
     axes[0].figure.savefig(Path(figure_dir) / "source_model_conclusions.png", bbox_inches="tight")

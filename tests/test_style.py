@@ -125,6 +125,8 @@ def test_gains_by_panel_one_shared_panel_per_cell_paper_as_crosses_single_seeds_
     plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", tie=0.5, axes=given)
     given[0].figure.canvas.draw()
     assert given[-1].get_legend() is not None and style.legend_is_outside(given[-1])
+    in_order = plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", sort=False)
+    assert [ax.get_title() for ax in in_order] == ["bn niid", "bn iid"]  # as the table first shows them
     # panels per row: a 2-panel table in one column
     stacked = plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", ncols=1)
     assert stacked[0].get_position().y0 > stacked[1].get_position().y0
