@@ -320,8 +320,8 @@ if len(ran):
 # drift further: larger Adam steps in the reference clients' cell (IID first, where every client sees the same
 # corruption at a time, so averaging their states mixes nothing that differs; then NIID; `fedtsa-table --tta
 # grad-running-adam --lr X --strategies local fedavg --settings iid`, planned in
-# `figures/fedtsa_table1/step_size.plan.jsonl`), and the paper-regime source models (the section on source models
-# above). The reading says, from these runs, whether FedAvg gains over Local wherever Local(grad) has fallen; the
+# `figures/fedtsa_table1/step_size.plan.jsonl`), and the paper-regime source models at the same steps (the section
+# on source models above; `figures/fedtsa_table1/source_model.plan.jsonl`). The reading says, from these runs, whether FedAvg gains over Local wherever Local(grad) has fallen; the
 # figure draws both gaps against the step size beside the paper's.
 
 # %%
@@ -330,15 +330,16 @@ from ftta_core.fedtsa.table1 import degraded_local_reading, step_size_figure
 steps = tta_grad_cells(results_dir=results_dir, seeds=all_seeds, cells=["grad-running-adam"],
                        lrs=[None, *step_sizes]).assign(model="shipped")
 regimes = pd.concat([steps, *[tta_grad_cells(results_dir=results_dir, seeds=all_seeds, cells=["grad-running-adam"],
-                                             model=m).assign(model=m) for m in other_source_models]],
-                    ignore_index=True)
+                                             lrs=[None, *step_sizes], model=m).assign(model=m)
+                               for m in other_source_models]], ignore_index=True)
 regimes = regimes[regimes.seeds > 0]
 step_columns = ["seeds", "local", "local - local(bn)", "local - local(bn) sd", "FedAvg - local", "FedAvg - local sd",
                 "paper: local - local(bn)", "paper: FedAvg - local", "stale runs"]
 display(tables.show(regimes.set_index(["model", "optimizer", "setting"])[step_columns], best=None))
 display(Markdown(degraded_local_reading(regimes)))
-if (steps.seeds > 0).sum() > 1:
-    fig = step_size_figure(steps)
+if (steps.seeds > 0).sum() > 1:  # each source model with runs at two or more step sizes, its own line
+    stepped = regimes.groupby(["model", "setting"])["lr"].transform("nunique") > 1
+    fig = step_size_figure(regimes[stepped])
     fig.savefig(Path(figure_dir) / "tta_grad_step_size.png", bbox_inches="tight")
 
 # %% [markdown]

@@ -304,3 +304,8 @@ def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
     ours = [line for line in ax.get_lines() if line.get_marker() == "o"]
     assert ax.get_xscale() == "log" and ax.get_ylabel() and [list(line.get_xdata()) for line in ours] == [[1e-5, 1e-3]] * 2
     assert sorted(list(line.get_ydata()) for line in ours) == [[-0.5, 6.0], [3.0, -8.0]]
+    two = pd.concat([cells.assign(model="shipped"), cells.iloc[1:].assign(model="weak", **{"FedAvg - local": 1.0})])
+    ax = step_size_figure(two).axes[0]
+    weak = [line for line in ax.get_lines() if line.get_marker() == "s"]  # the second model: its own marker
+    assert sorted(list(line.get_ydata()) for line in weak) == [[-8.0], [1.0]]
+    assert any("(weak)" in t.get_text() for t in ax.figure.axes[-1].get_legend().get_texts())

@@ -320,7 +320,8 @@ def degraded_local_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
 def step_size_figure(table: pd.DataFrame) -> "Any":
     """Local(grad) − Local(bn) and FedAvg − Local against the step size, from rows of ``tta_grad_cells`` of one cell
     (several ``lrs``), one panel per setting on a shared y-scale; ±1 sd over paired seeds where a row has several;
-    the paper's two gaps as horizontal references. Returns the figure."""
+    the paper's two gaps as horizontal references. Rows with a ``model`` column (several source models) draw one
+    line style and marker per model (the first model solid with circles). Returns the figure."""
     import matplotlib.pyplot as plt
 
     from .. import style
@@ -329,12 +330,17 @@ def step_size_figure(table: pd.DataFrame) -> "Any":
     settings = [s for s in TABLE1_SETTINGS if s in set(rows["setting"])]
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(style.MAX_WIDTH, 3.6), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
+    models = list(pd.unique(rows["model"])) if "model" in rows else [None]
+    looks = dict(zip(models, [("o", "-"), ("s", ":"), ("^", "-."), ("D", (0, (5, 1)))]))
     for ax, setting in zip(axes[0], settings):
         here = rows[rows.setting == setting].sort_values("lr")
         for (col, label), colour in zip([("local - local(bn)", "Local(grad) − Local(bn)"),
                                          ("FedAvg - local", "FedAvg − Local (grad)")], ("C0", "C1")):
-            ax.errorbar(here["lr"], here[col], yerr=here[col + " sd"].fillna(0), marker="o", capsize=3,
-                        color=colour, label=f"{label}, ours")
+            for model in models:
+                mine = here if model is None else here[here["model"] == model]
+                marker, ls = looks[model]
+                ax.errorbar(mine["lr"], mine[col], yerr=mine[col + " sd"].fillna(0), marker=marker, ls=ls,
+                            capsize=3, color=colour, label=f"{label}, ours" + ("" if model is None else f" ({model})"))
             ax.axhline(here[f"paper: {col}"].iloc[0], color=colour, ls="--", lw=1, label=f"{label}, paper")
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xscale("log")
