@@ -737,3 +737,15 @@ def test_claims_reading_pairs_seeds_and_names_each_verdict():
         fedtsa_claims_reading(small, "bn")
     grad = fedtsa_claims_reading(pd.DataFrame(rows).query("strategy != 'fedtsa'"), "grad")
     assert grad == "**TTA-grad.** NIID: no FedTSA run stored yet. IID: no FedTSA run stored yet."
+
+
+def test_table1_markdown_gives_no_spread_for_one_seed():
+    """A row stored at one seed shows its mean and (1), never a '± 0.00' spread it does not have."""
+    from ftta_core.fedtsa.table1 import to_markdown
+
+    table = pd.DataFrame({"method": ["Local", "FedAvg"], "setting": ["niid", "iid"], "ours_mean": [60.0, 61.5],
+                          "ours_std": [0.0, 0.25], "seeds": [1, 3], "paper_mean": [56.93, float("nan")],
+                          "paper_std": [0.1, float("nan")], "difference": [3.07, float("nan")]})
+    rows = to_markdown(table).splitlines()[2:]
+    assert rows[0] == "| Local | NIID | 60.00 (1) | 56.93 ± 0.10 | +3.07 |"
+    assert rows[1] == "| FedAvg | IID | 61.50 ± 0.25 (3) | – | – |"

@@ -12,6 +12,7 @@ import pandas as pd
 from ..experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig, identity_of
 from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
 from ..runstore import read_summary, run_status
+from ..tables import mean_std_text
 from ..workbook import SUMMARY_KEYS
 
 
@@ -97,12 +98,13 @@ def fedtsa_claims_reading(grid: pd.DataFrame, tta: str, dataset: str = "cifar10"
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """A compact markdown rendering: 'mean ± std' for ours and the paper, and the difference."""
+    """A compact markdown rendering: 'mean ± std (seeds)' for ours (no spread from one seed), 'mean ± std' for the
+    paper, and the difference."""
     lines = ["| method | setting | ours (mean ± std, seeds) | paper (mean ± std) | ours − paper |", "|---|---|---|---|---|"]
     for r in table.itertuples():
         paper = "–" if pd.isna(r.paper_mean) else f"{r.paper_mean:.2f} ± {r.paper_std:.2f}"
         diff = "–" if pd.isna(r.difference) else f"{r.difference:+.2f}"
-        lines.append(f"| {r.method} | {r.setting.upper()} | {r.ours_mean:.2f} ± {r.ours_std:.2f} ({r.seeds}) | "
+        lines.append(f"| {r.method} | {r.setting.upper()} | {mean_std_text(r.ours_mean, r.ours_std, r.seeds)} | "
                      f"{paper} | {diff} |")
     return "\n".join(lines) + "\n"
 
