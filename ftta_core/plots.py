@@ -192,7 +192,7 @@ def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method",
                    sort: bool = True) -> Sequence[plt.Axes]:
     """Differences (e.g. each method's gain over Local) as points with +-``err`` bars: one panel per value of the
     ``panel`` columns, ``x`` on the x axis, one dodged series per ``hue`` (its key entry gives its seed range),
-    a shared y scale; a point without ``err`` (one seed) is an open marker with no bar. ``marker_hue``'s series
+    a shared y scale; a point without ``err`` (one seed) is an open marker with no bar, and the key then says so. ``marker_hue``'s series
     (e.g. a paper's means) is drawn as black crosses without error bars; ``tie`` shades +-tie around 0;
     ``x_labels`` renames x ticks; ``ncols``: panels per row (default: as many as fit); ``sort`` False: panels in the
     order the table first shows them. One key for every series of any panel: below the panels in a figure made
@@ -207,6 +207,7 @@ def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method",
     hues = series + ([marker_hue] if marker_hue in set(table[hue]) else [])
     width = 0.8 / max(1, len(hues))
     key_entries = {}
+    any_single = False
     for ax, key in zip(axes, keys):
         key = key if isinstance(key, tuple) else (key,)
         g = table[(table[list(panel)] == pd.Series(key, index=list(panel))).all(axis=1)]
@@ -218,7 +219,8 @@ def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method",
                 ax.scatter(pos, rows[y], marker="x", color="k", s=40, zorder=3)
                 continue
             spread = rows[err] if err in rows else pd.Series(np.nan, index=rows.index)
-            single = spread.isna().to_numpy()
+            single = spread.isna().to_numpy() & rows[y].notna().to_numpy()
+            any_single = any_single or bool(single.any())
             ax.errorbar(pos[~single], rows[y][~single], yerr=spread[~single], fmt="o", capsize=3, color=colours[h])
             ax.plot(pos[single], rows[y][single], "o", mfc="white", color=colours[h])
         if tie:
@@ -234,6 +236,9 @@ def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method",
             f"-{int(n.max())}" if n.max() != n.min() else "") + f" seed{'s' if n.max() > 1 else ''})"
         key_entries[label] = (plt.Line2D([], [], marker="x", color="k", ls="none") if h == marker_hue
                               else plt.Line2D([], [], marker="o", color=colours[h], ls="none"))
+    if any_single:  # say what an open marker is
+        key_entries["open marker: one seed, no bar"] = plt.Line2D([], [], marker="o", mfc="white", color="0.4",
+                                                                  ls="none")
     if own_figure:  # a key beside one panel would widen its column of the constrained grid
         axes[0].figure.legend(key_entries.values(), key_entries.keys(), loc="outside lower center", title=hue,
                               frameon=False, ncols=min(len(key_entries), 4))

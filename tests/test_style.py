@@ -119,7 +119,11 @@ def test_gains_by_panel_one_shared_panel_per_cell_paper_as_crosses_single_seeds_
     (key,) = fig.legends  # one key for the figure, below every panel
     renderer = fig.canvas.get_renderer()
     assert not any(key.get_window_extent(renderer).overlaps(ax.get_window_extent(renderer)) for ax in axes)
-    assert [t.get_text() for t in key.get_texts()] == ["a (3 seeds)", "b (1 seed)", "paper"]
+    assert [t.get_text() for t in key.get_texts()] == ["a (3 seeds)", "b (1 seed)", "paper",
+                                                        "open marker: one seed, no bar"]
+    every_seeded = plots.gains_by_panel(table[table.model != "b"], ["tta", "setting"], marker_hue="paper")
+    (key,) = every_seeded[0].figure.legends  # no open marker drawn: the key does not explain one
+    assert [t.get_text() for t in key.get_texts()] == ["a (3 seeds)", "paper"]
     # axes given by the caller: the key goes right of the last one
     _, given = plt.subplots(1, 2, sharey=True, layout="constrained")
     plots.gains_by_panel(table, ["tta", "setting"], marker_hue="paper", tie=0.5, axes=given)
