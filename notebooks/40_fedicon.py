@@ -84,6 +84,7 @@ budget_local_epochs = 5
 budget_lr = 0.01
 budget_seeds = [0, 1, 2]   # [] skips the section
 budget_methods = ["Local", "FedAvg", "FedRep", "Tent", "T3A", "FedICON", "FedICON w/o TTA"]
+budget_components = True   # Tables 8 and 9 at the larger budget too (their variants beyond budget_methods' models)
 
 # %%
 import tempfile
@@ -100,7 +101,8 @@ from ftta_core.fedicon import (TABLE1_METHODS, TrainConfig, TTAConfig, cifar_lab
                                digit_covariate_clients, digit_lodo_clients, method_table, office_covariate_clients,
                                office_lodo_clients, run_methods)
 from ftta_core.fedicon.data import DIGIT_CLIENT_DOMAINS, OFFICE_CLIENT_DOMAINS
-from ftta_core.fedicon.report import (ablation_table, beside_paper, budget_reading, digits_reading, mean_by_method,
+from ftta_core.fedicon.report import (ablation_table, beside_paper, budget_reading, components_reading,
+                                      digits_reading, distinct_models, fill_by_spec, mean_by_method,
                                       other_settings_reading, paired_verdict, paper_columns, shift_cost_reading,
                                       shift_table)
 from ftta_core.fedicon.study import ABLATION, ablation_name
@@ -186,14 +188,20 @@ display(tables.show(table9))
 # The runs above train for `rounds` rounds of `local_epochs` local epoch(s) at lr `lr`; the paper trains 100 rounds of
 # 5 local epochs at lr 0.01 (App. A.3) on full datasets. Here the same clients (same seeds, same `n_train` images per
 # domain) train `budget_rounds` rounds of `budget_local_epochs` local epochs at lr `budget_lr`, for the methods in
-# `budget_methods` (Tent, T3A and FedICON w/o TTA reuse the FedAvg and FedICON models).
+# `budget_methods` (Tent, T3A and FedICON w/o TTA reuse the FedAvg and FedICON models), and with
+# `budget_components` Tables 8 and 9 as well: a variant whose (models, test-time) pair a method of `budget_methods`
+# already has (Table 8's "none of the three parts" is Local, "all three" is FedICON) takes that method's runs
+# (`fedicon.report.fill_by_spec`); the others are trained here.
 
 # %%
 rows_budget = None
 if budget_seeds:
     budget_cfg = TrainConfig(**{**train_cfg.__dict__, "rounds": budget_rounds, "local_epochs": budget_local_epochs,
                                 "lr": budget_lr, "cls_rounds": max(1, budget_rounds)})
-    rows_budget = run_methods(cache, digits, budget_methods, budget_seeds, build_digits, "cnn2", budget_cfg, tta_cfg)
+    wanted = list(budget_methods) + (ablation_methods + t9_methods if budget_components else [])
+    rows_budget_all = fill_by_spec(run_methods(cache, digits, distinct_models(wanted), budget_seeds, build_digits,
+                                               "cnn2", budget_cfg, tta_cfg), wanted)
+    rows_budget = rows_budget_all[rows_budget_all.method.isin(budget_methods)]
     budget_label = f"{budget_rounds} rounds x {budget_local_epochs} local epochs, lr {budget_lr:g}"
     default_label = f"{rounds} rounds x {local_epochs} local epoch(s), lr {lr:g}"
     both = {default_label: rows_digits[rows_digits.method.isin(budget_methods)], budget_label: rows_budget}
@@ -205,6 +213,16 @@ if budget_seeds:
                                        .add_prefix("MNIST-M, "))
     display(tables.show(table1_budget.fillna("")))
     display(Markdown(budget_reading(both, paper_digits_means(digit_methods).to_dict())))
+    if budget_components:
+        table8_budget = ablation_table(rows_ablation).rename(columns={"ours": default_label})
+        table8_budget.insert(4, budget_label, ablation_table(rows_budget_all)["ours"])
+        table9_budget = pd.DataFrame({default_label: mean_by_method(rows_digits).reindex(t9_methods),
+                                      budget_label: mean_by_method(rows_budget_all).reindex(t9_methods)}).round(2)
+        table9_budget["paper Digit-5"] = table9["paper Digit-5"]
+        components = {default_label: pd.concat([rows_digits, rows_ablation], ignore_index=True),
+                      budget_label: rows_budget_all}
+        display(tables.show(table8_budget), tables.show(table9_budget))
+        display(Markdown(components_reading(components)))
 else:
     print("larger-budget section skipped (budget_seeds=[])")
 
@@ -354,6 +372,9 @@ if not smoke:
         body += [f"## Table 1 at a larger budget ({budget_label}; seeds {budget_seeds}; means, then MNIST-M)", "",
                  markdown_table(table1_budget.fillna("")), "", budget_reading(both, paper_digits_means(digit_methods)
                                                                               .to_dict()), ""]
+        if budget_components:
+            body += ["## Tables 8 and 9 at both budgets (mean accuracy)", "", markdown_table(table8_budget), "",
+                     markdown_table(table9_budget), "", components_reading(components), ""]
     body += ["## Fig 3 data", "",
             markdown_table(fig3.pivot_table(index=["sweep", "value"], columns="method", values="accuracy")), "",
             "## Table 7 shape (digit domains, leave-one-domain-out)", "", markdown_table(table7), ""]

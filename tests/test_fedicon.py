@@ -239,3 +239,41 @@ def test_budget_reading_reports_each_budget_and_the_domain_gap():
     assert lines[1].startswith("- large") and "FedICON − FedAvg = +7.75" in lines[1]
     assert "best other method Local 45.0" in lines[1]
     assert lines[2].endswith("+7.19.")
+
+
+def test_fill_by_spec_gives_a_variant_the_runs_of_its_twin_method_and_no_other():
+    from ftta_core.fedicon.report import distinct_models, fill_by_spec
+    from ftta_core.fedicon.study import ABLATION, ablation_name
+
+    variants = [ablation_name(*f) for f in ABLATION]
+    needed = distinct_models(["Local", "FedAvg", "FedICON", "FedICON w/o TTA", *variants, "FedICON-us"])
+    # "none of the parts" is Local, "sharing only" FedAvg, "all three" FedICON, "no TTA" FedICON w/o TTA
+    assert needed == ["Local", "FedAvg", "FedICON", "FedICON w/o TTA", "ablation 100", "ablation 001",
+                      "ablation 011", "ablation 101", "FedICON-us"]
+    rows = _tidy({"Local": {0: {"a": 30.0}}, "FedICON": {0: {"a": 60.0}}, "ablation 100": {0: {"a": 40.0}}})
+    filled = fill_by_spec(rows, variants)
+    by = filled.groupby("method").accuracy.mean()
+    assert by["ablation 000"] == 30.0 and by["ablation 111"] == 60.0 and by["ablation 100"] == 40.0
+    assert "ablation 010" not in by  # FedAvg has no rows: nothing to copy
+    assert len(filled) == len(rows) + 2
+
+
+def test_components_reading_pairs_each_part_and_names_ties():
+    from ftta_core.fedicon.report import components_reading
+    from ftta_core.fedicon.study import ABLATION, ablation_name
+
+    acc = {(0, 0, 0): 30.0, (1, 0, 0): 35.0, (0, 1, 0): 50.0, (0, 0, 1): 31.0, (1, 1, 0): 55.0, (0, 1, 1): 58.0,
+           (1, 0, 1): 36.0, (1, 1, 1): 58.0}
+    methods = {ablation_name(*f): {s: {"a": acc[f] + s} for s in (0, 1)} for f in ABLATION}
+    methods.update({"FedICON": methods[ablation_name(True, True, True)],
+                    "FedICON-us": {s: {"a": 57.0 + s} for s in (0, 1)}, "FedAvg": methods["ablation 010"]})
+    text = components_reading({"budget": _tidy(methods)})
+    assert text.startswith("- budget (seeds [0, 1])")
+    assert "local invariance extraction: all three − without it = +0.00" in text  # 111 vs 011
+    assert "global invariance sharing: all three − without it = +22.00" in text and "(paper +12.56)" in text
+    assert "test-time adaptation: all three − without it = +3.00" in text and "(paper +2.84)" in text
+    tie = "[global invariance sharing, test-time adaptation] = [local invariance extraction, global invariance " \
+          "sharing, test-time adaptation] (58.50"
+    assert tie in text
+    assert "FedICON − FedICON-us = +1.00" in text and "(paper +0.63)" in text
+    assert "FedICON-us − FedAvg = +7.00" in text and "(paper +6.56)" in text

@@ -1,12 +1,12 @@
 """Tables beside the paper's numbers and the closing comparison for the FedICON notebook."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
 from ..paper import paper_table
-from .study import ABLATION, ablation_name
+from .study import ABLATION, METHODS, ablation_name
 
 
 def paper_columns(table: str, columns: Sequence[str], methods: Sequence[str]) -> pd.DataFrame:
@@ -39,6 +39,32 @@ def ablation_table(rows: pd.DataFrame) -> pd.DataFrame:
                     "ours": round(float(ours.get(name, float("nan"))), 2),
                     "paper (Digit-5)": float(paper.loc[tuple(int(f) for f in flags)])})
     return pd.DataFrame(out)
+
+
+def distinct_models(methods: Sequence[str]) -> List[str]:
+    """The names in ``methods`` whose (models, test-time) spec in ``study.METHODS`` no earlier name has: the ones
+    that need a run (Table 8's "ablation 000" is Local's spec, "ablation 111" FedICON's); ``fill_by_spec`` gives
+    the others their rows."""
+    seen, out = set(), []
+    for m in dict.fromkeys(methods):
+        if METHODS[m] not in seen:
+            seen.add(METHODS[m])
+            out.append(m)
+    return out
+
+
+def fill_by_spec(rows: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
+    """``rows`` plus, for each name in ``methods`` that has no rows, a copy of the rows of a method with the same
+    (models, test-time) spec in ``study.METHODS``: the same computation stored under another name."""
+    have = list(dict.fromkeys(rows.method))
+    extra = []
+    for m in methods:
+        if m in have:
+            continue
+        twin = next((h for h in have if METHODS.get(h) == METHODS[m]), None)
+        if twin is not None:
+            extra.append(rows[rows.method == twin].assign(method=m))
+    return pd.concat([rows, *extra], ignore_index=True) if extra else rows
 
 
 def shift_table(rows: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
@@ -189,6 +215,48 @@ def budget_reading(budgets: Dict[str, pd.DataFrame], paper_means: Dict[str, floa
     if "FedICON" in paper_means and "FedAvg" in paper_means:
         parts.append(f"- The paper (Digit-5, 100 rounds of 5 local epochs): FedICON − FedAvg = "
                      f"{paper_means['FedICON'] - paper_means['FedAvg']:+.2f}.")
+    return "\n".join(parts)
+
+
+TABLE8_PARTS = {"local invariance extraction": 0, "global invariance sharing": 1, "test-time adaptation": 2}
+
+
+def components_reading(budgets: Dict[str, pd.DataFrame]) -> str:
+    """Tables 8 and 9 at each training budget (tidy rows per budget label holding the ablation variants and Table 9's
+    methods): what each part of FedICON adds (the full method minus it with that part off, paired by seed) beside
+    the paper's, the best of the eight variants, and FedICON against FedICON-us and FedICON-us against FedAvg."""
+    from ..workbook import difference_phrase
+
+    paper8 = paper_table("fedicon_table8").set_index(["lie", "gis", "tta"]).accuracy
+    paper9 = paper_columns("table9", ["Digit-5"], ["FedAvg", "FedICON", "FedICON-us"])["Digit-5"]
+    full = ablation_name(True, True, True)
+    parts = []
+    for label, rows in budgets.items():
+        ps = seed_means(rows)
+        if full not in ps:
+            parts.append(f"- {label}: no Table 8 runs.")
+            continue
+        said = []
+        for part, i in TABLE8_PARTS.items():
+            off = tuple(j != i for j in range(3))
+            name = ablation_name(*off)
+            if name in ps:
+                theirs = float(paper8.loc[(1, 1, 1)] - paper8.loc[tuple(int(f) for f in off)])
+                said.append(f"{part}: {difference_phrase(ps[full], ps[name], 'all three', 'without it')} (paper "
+                            f"{theirs:+.2f})")
+        variants = [ablation_name(*f) for f in ABLATION if ablation_name(*f) in ps]
+        m = ps[variants].mean()
+        tops = [v for v in variants if m[v] == m.max()]
+        named = [", ".join(p for p, i in TABLE8_PARTS.items() if v.split()[-1][i] == "1") or "no part" for v in tops]
+        text = (f"- {label} (seeds {sorted(int(s) for s in ps.index)}): what each part adds to the other two: "
+                + "; ".join(said) + f". Best of the eight variants (by mean): {' = '.join(f'[{n}]' for n in named)} "
+                f"({m.max():.2f}; the paper's best: all three, {float(paper8.loc[(1, 1, 1)]):.2f})")
+        if {"FedICON", "FedICON-us", "FedAvg"} <= set(ps):
+            text += (f". Table 9: {difference_phrase(ps['FedICON'], ps['FedICON-us'], 'FedICON', 'FedICON-us')} "
+                     f"(paper {paper9['FedICON'] - paper9['FedICON-us']:+.2f}); "
+                     f"{difference_phrase(ps['FedICON-us'], ps['FedAvg'], 'FedICON-us', 'FedAvg')} "
+                     f"(paper {paper9['FedICON-us'] - paper9['FedAvg']:+.2f})")
+        parts.append(text + ".")
     return "\n".join(parts)
 
 
