@@ -123,6 +123,12 @@ def by_seed(table):
     return table.pivot_table(index="seed", columns="variant", values="accuracy")
 
 
+def on_seeds(ps, common):
+    """What the means of ``common`` (rows of ``ps``) are over: the seeds every variant has, or all seeds."""
+    return (f"the {len(common)} seed(s) every variant has" if common.notna().all().all()
+            else "each variant's own seeds (no seed has every variant)")
+
+
 def seed_counts(table):
     n = table.groupby("variant", sort=False).seed.nunique()
     return ", ".join(f"{shown_as(v)} {k}" for v, k in n.items())
@@ -156,6 +162,9 @@ FIG3_PAIRS = [("FedTSA", "w/o aug"), ("FedTSA", "w/o time"), ("FedTSA", "TS-sim"
 lines = []
 for setting, g in fig3.groupby("setting", sort=False):
     ps = by_seed(g)
+    common = ps.dropna()  # the seeds every variant has: orderings and "best" compare like with like
+    if common.empty:  # no seed has every variant: the means are then over different seeds, and say so
+        common = ps
     pairs = [(a, b) for a, b in FIG3_PAIRS if a in ps and b in ps]
     verdicts = pd.Series([paired_difference(ps[a], ps[b])["verdict"] for a, b in pairs], dtype=object)
     counts = verdicts.value_counts()
@@ -164,8 +173,9 @@ for setting, g in fig3.groupby("setting", sort=False):
             "no common seed": "not comparable (no common seed)"}
     claims[f"Fig 3, {setting}"] = (f"of the paper's {len(pairs)} pairs 'A beats B', A is "
                                    + ", ".join(f"{said[v]} in {counts[v]}" for v in counts.index)
-                                   + f"; the best variant is {ps.mean().idxmax()}")
-    lines.append(f"- **{setting}** (seeds per variant: {seed_counts(g)}): {ordering_phrase(ps.mean())}. "
+                                   + f"; the best variant on {on_seeds(ps, common)} is {common.mean().idxmax()}")
+    lines.append(f"- **{setting}** (seeds per variant: {seed_counts(g)}; means over {on_seeds(ps, common)}): "
+                 f"{ordering_phrase(common.mean())}. "
                  f"Paired by seed: " + "; ".join(difference_phrase(ps[a], ps[b], a, b) for a, b in pairs) + ".")
 display(Markdown("\n".join(lines) if lines else "No stored Fig 3 runs."))
 
@@ -214,8 +224,8 @@ def trend_reading(table, field):
     best = m.idxmax(axis=1)
     text = (f"From {field.upper()} = {first:g} to {last:g}: "
             + ", ".join(f"{shown_as(s)} {change[s]:+.2f}" for s in change.index)
-            + f" points; {int((change < 0).sum())} of {len(change)} strategies end lower, the lowest change is "
-            f"{shown_as(change.idxmin())}'s, and accuracy falls at every step for "
+            + f" points; {int((change < 0).sum())} of {len(change)} strategies end lower, the changes range from "
+            f"{shown_as(change.idxmin())}'s to {shown_as(change.idxmax())}'s, and accuracy falls at every step for "
             f"{', '.join(map(shown_as, falls)) or 'none of them'}. The best strategy per point: "
             + ", ".join(f"{v:g} {shown_as(best[v])}" for v in m.index) + ".")
     if {"fedtsa", "fedavg"} <= set(m.columns):
@@ -226,8 +236,9 @@ def trend_reading(table, field):
         text += " One seed per point: these differences are not tested against seed noise"
         text += (f" (for scale, FedTSA's seed spread on Table 1's NIID protocol, Fig 3 above, is {fedtsa_spread:.2f})."
                  if fedtsa_spread is not None and fedtsa_spread == fedtsa_spread else ".")
-    claims[f"Fig 4, {field.upper()}"] = (f"lowest change from {first:g} to {last:g}: {shown_as(change.idxmin())} "
-                                         f"({change.min():+.2f}); FedTSA best at "
+    claims[f"Fig 4, {field.upper()}"] = (f"change from {first:g} to {last:g} ranges from {shown_as(change.idxmin())}'s "
+                                         f"{change.min():+.2f} to {shown_as(change.idxmax())}'s {change.max():+.2f}; "
+                                         f"FedTSA best at "
                                          f"{int((best == 'fedtsa').sum())} of {len(best)} points")
     return text
 
