@@ -85,6 +85,8 @@ budget_lr = 0.01
 budget_seeds = [0, 1, 2]   # [] skips the section
 budget_methods = ["Local", "FedAvg", "FedRep", "Tent", "T3A", "FedICON", "FedICON w/o TTA"]
 budget_components = True   # Tables 8 and 9 at the larger budget too (their variants beyond budget_methods' models)
+budget_table7_seeds = []   # Table 7 (leave-one-domain-out) at the larger budget too, for these seeds ([] skips)
+budget_table7_methods = ["FedAvg", "Tent", "T3A", "FedICON"]
 
 # %%
 import tempfile
@@ -117,6 +119,7 @@ if smoke:
     fig3_clients, fig3_epochs, run_office, run_cifar = fig3_clients[:2], fig3_epochs[:2], False, False
     table7_methods = ["FedAvg", "FedICON"]
     budget_rounds, budget_local_epochs, budget_seeds, budget_methods = 1, 2, seeds, ["FedAvg", "FedICON"]
+    budget_table7_seeds = seeds
 shift_seeds = seeds if shift_seeds is None or smoke else list(shift_seeds)
 office_seeds = shift_seeds if office_seeds is None else list(office_seeds)
 out_dir = Path(results_dir)
@@ -281,6 +284,27 @@ table7 = beside_paper(method_table(rows_lodo, table7_methods, held_out_domains),
 display(tables.show(table7))
 
 # %% [markdown]
+# Table 7 again at the larger budget (`budget_rounds` rounds of `budget_local_epochs` local epochs at lr `budget_lr`)
+# for `budget_table7_methods` and `budget_table7_seeds`, beside the same methods at the default budget.
+
+# %%
+rows_lodo_budget = None
+if budget_table7_seeds and budget_seeds:
+    lodo_budget = {}
+    for held_out in held_out_domains:
+        setting = {"name": f"digits-lodo-{held_out}", "n_train": n_train, "n_test": n_test}
+        build = lambda seed, h=held_out: digit_lodo_clients(h, n_train, n_test, seed)
+        lodo_budget[held_out] = run_methods(cache, setting, budget_table7_methods, budget_table7_seeds, build, "cnn2",
+                                            budget_cfg, tta_cfg)
+    rows_lodo_budget = pd.concat([r.assign(client=h) for h, r in lodo_budget.items()], ignore_index=True)
+    table7_budget = pd.concat({default_label: method_table(rows_lodo, budget_table7_methods, held_out_domains),
+                               budget_label: method_table(rows_lodo_budget, budget_table7_methods, held_out_domains)},
+                              axis=1)
+    display(tables.show(table7_budget))
+else:
+    print("Table 7 at the larger budget skipped (budget_table7_seeds=[])")
+
+# %% [markdown]
 # ## Tables 2 and 5 shape: Office-Caltech-10, domain and covariate test-time shift (optional: `run_office`)
 # Table 2 (domain shift): three clients (one training domain each, all its images) and the held-out domain split
 # evenly over them as test sets. Table 5 (covariate shift): four clients, one domain each; Office-Caltech-10 has no
@@ -351,6 +375,8 @@ else:
 # each difference paired by seed: ahead / behind only beyond seed noise (workbook.paired_difference)
 lines = [paired_verdict("Digit domains, covariate shift (4 clients)", rows_digits)]
 lines.append(paired_verdict(f"Digit domains, leave-one-domain-out (mean of {len(lodo)} held-out domains)", rows_lodo))
+if rows_lodo_budget is not None:
+    lines.append(paired_verdict(f"Digit domains, leave-one-domain-out at {budget_label}", rows_lodo_budget))
 if office_rows is not None:
     lines.append(paired_verdict("Office-Caltech-10 leave-one-domain-out (mean of 4 held-out domains)", office_rows))
     lines.append(paired_verdict("Office-Caltech-10 covariate shift (4 clients)", office_cov_rows))
@@ -361,7 +387,8 @@ if not smoke:
     body = [f"# FedICON tables (notebook 40_fedicon)", "",
             f"Made by `OMP_NUM_THREADS=1 python -m ftta_core notebooks 40_fedicon --in-place -p \"seeds={seeds}\" "
             f"-p run_office={run_office} -p run_cifar={run_cifar} -p \"shift_seeds={shift_seeds}\" "
-            f"-p \"office_seeds={office_seeds}\" -p \"budget_seeds={budget_seeds}\"`: " +
+            f"-p \"office_seeds={office_seeds}\" -p \"budget_seeds={budget_seeds}\" "
+            f"-p \"budget_table7_seeds={budget_table7_seeds}\"`: " +
             f"rounds={rounds}, local_epochs={local_epochs}, lr={lr}, tau={tau}, n_train={n_train}, n_test={n_test}, "
             f"seeds={seeds} (Tables 7 and 4: {shift_seeds}; Tables 2 and 5: {office_seeds}); substitute settings "
             "(see the notebook).", "",
@@ -378,6 +405,9 @@ if not smoke:
     body += ["## Fig 3 data", "",
             markdown_table(fig3.pivot_table(index=["sweep", "value"], columns="method", values="accuracy")), "",
             "## Table 7 shape (digit domains, leave-one-domain-out)", "", markdown_table(table7), ""]
+    if rows_lodo_budget is not None:
+        body += [f"## Table 7 at the larger budget ({budget_label}; seeds {budget_table7_seeds}; mean(sd) over seeds, "
+                 "beside the same methods at the default budget)", "", markdown_table(table7_budget), ""]
     if office_means is not None:
         body += [f"## Table 2 shape (Office-Caltech-10, leave-one-domain-out, {office_arch} at {office_size} px, "
                  f"{office_rounds} rounds)", "", markdown_table(table2_beside), "",
