@@ -204,11 +204,13 @@ if budget_seeds:
     wanted = list(budget_methods) + (ablation_methods + t9_methods if budget_components else [])
     rows_budget_all = fill_by_spec(run_methods(cache, digits, distinct_models(wanted), budget_seeds, build_digits,
                                                "cnn2", budget_cfg, tta_cfg), wanted)
-    rows_budget = rows_budget_all[rows_budget_all.method.isin(budget_methods)]
+    # Table 1's rows at both budgets: budget_methods, and Table 9's methods when they ran (FedAvg-FT is a rival too)
+    budget_rows = list(dict.fromkeys(list(budget_methods) + (t9_methods if budget_components else [])))
+    rows_budget = rows_budget_all[rows_budget_all.method.isin(budget_rows)]
     budget_label = f"{budget_rounds} rounds x {budget_local_epochs} local epochs, lr {budget_lr:g}"
     default_label = f"{rounds} rounds x {local_epochs} local epoch(s), lr {lr:g}"
-    both = {default_label: rows_digits[rows_digits.method.isin(budget_methods)], budget_label: rows_budget}
-    by_budget = {k: method_table(r, budget_methods, list(DIGIT_CLIENT_DOMAINS)) for k, r in both.items()}
+    both = {default_label: rows_digits[rows_digits.method.isin(budget_rows)], budget_label: rows_budget}
+    by_budget = {k: method_table(r, budget_rows, list(DIGIT_CLIENT_DOMAINS)) for k, r in both.items()}
     table1_budget = pd.concat({k: t["mean"] for k, t in by_budget.items()}, axis=1)
     table1_budget["paper mean of 5"] = paper1["mean of 5"].reindex(table1_budget.index).round(2)
     table1_budget["paper MNIST-M"] = paper1["MNIST-M"].reindex(table1_budget.index).round(2)
