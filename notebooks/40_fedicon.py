@@ -302,6 +302,7 @@ if budget_table7_seeds and budget_seeds:
     table7_budget = pd.concat({default_label: method_table(rows_lodo, budget_table7_methods, held_out_domains),
                                budget_label: method_table(rows_lodo_budget, budget_table7_methods, held_out_domains)},
                               axis=1)
+    table7_budget.columns = [f"{budget} · {domain}" for budget, domain in table7_budget.columns]
     display(tables.show(table7_budget))
 else:
     print("Table 7 at the larger budget skipped (budget_table7_seeds=[])")
