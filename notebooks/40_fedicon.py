@@ -109,6 +109,7 @@ from ftta_core.fedicon.report import (ablation_table, beside_paper, budget_readi
                                       shift_table)
 from ftta_core.fedicon.study import ABLATION, ablation_name
 from ftta_core.notebooks import smoke_mode
+from ftta_core.runstore import atomic_write_text
 from ftta_core.workbook import markdown_table
 
 torch.set_num_threads(1)
@@ -275,12 +276,21 @@ display(tables.show(fig3.pivot_table(index=["sweep", "value"], columns="method",
 
 # %%
 held_out_domains = list(DIGIT_CLIENT_DOMAINS)[:2] if smoke else list(DIGIT_CLIENT_DOMAINS)
-lodo = {}
-for held_out in held_out_domains:
-    setting = {"name": f"digits-lodo-{held_out}", "n_train": n_train, "n_test": n_test}
-    build = lambda seed, h=held_out: digit_lodo_clients(h, n_train, n_test, seed)
-    lodo[held_out] = run_methods(cache, setting, table7_methods, shift_seeds, build, "cnn2", train_cfg, tta_cfg)
-rows_lodo = pd.concat([r.assign(client=h) for h, r in lodo.items()], ignore_index=True)  # mean over clients
+
+
+def lodo_rows(methods, lodo_seeds, cfg):
+    """Tidy rows of Table 7 for every held-out domain (its `client` column = the held-out domain: each row is then
+    the mean over that domain's three test clients)."""
+    per_domain = []
+    for held_out in held_out_domains:
+        setting = {"name": f"digits-lodo-{held_out}", "n_train": n_train, "n_test": n_test}
+        build = lambda seed, h=held_out: digit_lodo_clients(h, n_train, n_test, seed)
+        per_domain.append(run_methods(cache, setting, methods, lodo_seeds, build, "cnn2", cfg, tta_cfg)
+                          .assign(client=held_out))
+    return pd.concat(per_domain, ignore_index=True)
+
+
+rows_lodo = lodo_rows(table7_methods, shift_seeds, train_cfg)
 table7 = beside_paper(method_table(rows_lodo, table7_methods, held_out_domains),
                       paper_columns("table7", ["MNIST", "USPS", "MNIST-M"], table7_methods), "paper")
 display(tables.show(table7))
@@ -292,17 +302,13 @@ display(tables.show(table7))
 # %%
 rows_lodo_budget = None
 if budget_table7_seeds and budget_seeds:
-    lodo_budget = {}
-    for held_out in held_out_domains:
-        setting = {"name": f"digits-lodo-{held_out}", "n_train": n_train, "n_test": n_test}
-        build = lambda seed, h=held_out: digit_lodo_clients(h, n_train, n_test, seed)
-        lodo_budget[held_out] = run_methods(cache, setting, budget_table7_methods, budget_table7_seeds, build, "cnn2",
-                                            budget_cfg, tta_cfg)
-    rows_lodo_budget = pd.concat([r.assign(client=h) for h, r in lodo_budget.items()], ignore_index=True)
+    rows_lodo_budget = lodo_rows(budget_table7_methods, budget_table7_seeds, budget_cfg)
     table7_budget = pd.concat({default_label: method_table(rows_lodo, budget_table7_methods, held_out_domains),
                                budget_label: method_table(rows_lodo_budget, budget_table7_methods, held_out_domains)},
                               axis=1)
     table7_budget.columns = [f"{budget} · {domain}" for budget, domain in table7_budget.columns]
+    table7_budget = beside_paper(table7_budget, paper_columns("table7", ["MNIST", "USPS", "MNIST-M"],
+                                                              budget_table7_methods), "paper")
     display(tables.show(table7_budget))
 else:
     print("Table 7 at the larger budget skipped (budget_table7_seeds=[])")
@@ -377,7 +383,8 @@ else:
 # %%
 # each difference paired by seed: ahead / behind only beyond seed noise (workbook.paired_difference)
 lines = [paired_verdict("Digit domains, covariate shift (4 clients)", rows_digits)]
-lines.append(paired_verdict(f"Digit domains, leave-one-domain-out (mean of {len(lodo)} held-out domains)", rows_lodo))
+lines.append(paired_verdict(f"Digit domains, leave-one-domain-out (mean of {len(held_out_domains)} held-out domains)",
+                            rows_lodo))
 if rows_lodo_budget is not None:
     lines.append(paired_verdict(f"Digit domains, leave-one-domain-out at {budget_label}", rows_lodo_budget))
 if office_rows is not None:
@@ -420,7 +427,7 @@ if not smoke:
         body += [f"## Table 4 shape (CIFAR-10, 20 clients, Dirichlet label skew, mild corruptions; {cifar_n_train} "
                  f"training images per client, {cifar_rounds} rounds)", "", markdown_table(table4_beside), ""]
     body += ["## Verdict", ""] + [f"- {l}" for l in lines]
-    (out_dir / "tables.md").write_text("\n".join(body) + "\n")
+    atomic_write_text(out_dir / "tables.md", "\n".join(body) + "\n")  # a crash leaves the old file or the new
 print(f"notebook compute: {time.time() - started:.0f} s")
 
 # %% [markdown]
