@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Dict
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,6 +195,26 @@ def test_fedprox_regulariser_gradient_is_mu_times_difference():
         torch.testing.assert_close(grad, mu * (t.detach() - received[k]))
     one = loss_fn(None, {k: v[2:3] for k, v in theta.items()}, None, slice(2, 3))  # the loop bank's per-client call
     torch.testing.assert_close(one, loss[2:3])
+
+
+@pytest.mark.parametrize("backend,participation", [("loop", 1.0), ("vectorized", 1.0), ("vectorized", 0.5)])
+def test_fedprox_predicts_as_fedavg_when_each_round_is_one_step_from_the_received_model(tmp_path, monkeypatch,
+                                                                                        backend, participation):
+    """Every client takes one adaptation step per round, from the model it has just received (an absent client's
+    'received' model is its own), so the proximal gradient mu (theta - theta_received) is zero at every step: FedProx
+    predicts exactly as FedAvg, with Adam and running BN statistics too (why FedProx equals FedAvg to every digit in
+    the stored Table 1 runs, notebook 10)."""
+    from ftta_core.experiment import ExperimentConfig, run_experiment
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    small = dict(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "contrast"],
+                 clients=4, batch_size=8, images_per_client=40, sh=0.5, th=0.2, device="cpu", seed=1,
+                 local="tent", local_params={"params": "all", "optimizer": "adam", "lr": 3e-3, "bn": "running"},
+                 backend=backend, participation=participation)
+    avg = run_experiment(ExperimentConfig(**small, strategy="fedavg"))
+    prox = run_experiment(ExperimentConfig(**small, strategy="fedprox", strategy_params={"mu": 10.0}))
+    assert not avg.steps["correct_mixed"].equals(avg.steps["correct_source"])  # the clients did adapt
+    pd.testing.assert_frame_equal(prox.steps, avg.steps)
 
 
 # ---------------------------------------------------------------- FedAMP
