@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.fedtsa.ft_forward import READING, AdaptOutputs, ft_forward_run
+from ftta_core.fedtsa.ft_forward import (READING, AdaptOutputs, ft_forward_reading, ft_forward_run,
+                                        ft_forward_summary)
 from ftta_core.loop import Engine
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local
@@ -86,3 +87,20 @@ def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatc
     assert ft_forward_run(cfg, tmp_path / "run")["accuracy_ft_forward"] == summary["accuracy_ft_forward"]  # read back
     with pytest.raises(ValueError, match="fedavg_ft"):
         ft_forward_run(ExperimentConfig(**{**cfg.to_dict(), "strategy": "fedavg"}), tmp_path / "other")
+
+
+def test_reading_compares_both_readings_with_the_paper():
+    table = pd.DataFrame({"setting": ["niid", "niid"], "seed": [0, 1], "FedAvg": [60.0, 61.0],
+                          "FedAvg+FT (stored)": [55.0, 56.0], "FedAvg+FT (re-run)": [55.0, 56.0],
+                          "FedAvg+FT (reference reading)": [59.5, 60.9], "code": ["current", "current"]})
+    table["ours - FedAvg"] = table["FedAvg+FT (re-run)"] - table["FedAvg"]
+    table["reference reading - FedAvg"] = table["FedAvg+FT (reference reading)"] - table["FedAvg"]
+    summary = ft_forward_summary(table)
+    assert list(summary["FedAvg+FT - FedAvg"]) == ["ours", "reference reading"]
+    assert summary["mean"].tolist() == pytest.approx([-5.0, -0.3]) and summary["paper"].iloc[0] == pytest.approx(-0.33)
+    text = ft_forward_reading(table, summary)
+    assert text.startswith("2 of 2 re-runs give exactly the stored")
+    assert "-5.00 as we predict and -0.30 as the reference code reports it, the paper -0.33" in text
+    assert "the reference reading is nearer the paper's" in text
+    table.loc[1, "FedAvg+FT (re-run)"] = 56.5
+    assert ft_forward_reading(table, summary).startswith("1 of 2 re-runs")

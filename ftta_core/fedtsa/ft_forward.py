@@ -150,6 +150,24 @@ def ft_forward_summary(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["setting", "FedAvg+FT - FedAvg", "mean", "sd", "seeds", "paper"])
 
 
+def ft_forward_reading(table: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """``ft_forward_table`` / ``ft_forward_summary`` in sentences: whether every re-run equals its stored run, and per
+    setting both differences from FedAvg beside the paper's, with which of the two is nearer to it."""
+    if table.empty:
+        return "No FedAvg+FT run has its reference reading stored yet."
+    same = int((table["FedAvg+FT (re-run)"] == table["FedAvg+FT (stored)"]).sum())
+    parts = [f"{same} of {len(table)} re-runs give exactly the stored FedAvg+FT accuracy"
+             + ("." if same == len(table) else "; the others were made by code that changed (see `code`).")]
+    for setting, g in summary.groupby("setting", sort=False):
+        ours, ref = (g[g["FedAvg+FT - FedAvg"] == k].iloc[0] for k in ("ours", "reference reading"))
+        gap_ours, gap_ref = abs(ours["mean"] - ours["paper"]), abs(ref["mean"] - ref["paper"])
+        nearer = "the reference reading" if gap_ref < gap_ours else "ours"
+        parts.append(f"{setting.upper()} ({int(ours['seeds'])} seed(s)): FedAvg+FT - FedAvg is {ours['mean']:+.2f} "
+                     f"as we predict and {ref['mean']:+.2f} as the reference code reports it, the paper "
+                     f"{ours['paper']:+.2f}; {nearer} is nearer the paper's (by {abs(gap_ours - gap_ref):.2f} points).")
+    return " ".join(parts)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m ftta_core.fedtsa.ft_forward", description=__doc__.split("\n")[0])
     parser.add_argument("--setting", choices=("niid", "iid"), required=True)
