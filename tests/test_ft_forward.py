@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.fedtsa.ft_forward import (READING, AdaptOutputs, ft_forward_reading, ft_forward_run,
+from ftta_core.fedtsa.ft_forward import (MODULE, READING, AdaptOutputs, ft_forward_reading, ft_forward_run,
                                         ft_forward_summary)
 from ftta_core.loop import Engine
+from ftta_core.runstore import run_status
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local
 
@@ -80,6 +81,7 @@ def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatc
     plain = run_experiment(cfg)
     summary = ft_forward_run(cfg, tmp_path / "run")
     assert summary["accuracy"] == plain.summary["accuracy"]
+    assert run_status(summary) == "current" and MODULE in summary["code"]["definitions"]
     steps = pd.read_csv(tmp_path / "run" / "steps.csv")
     pd.testing.assert_series_equal(steps["correct_mixed"], plain.steps["correct_mixed"], check_dtype=False)
     assert summary["accuracy_ft_forward"] == pytest.approx(100 * steps[READING].sum() / steps["n"].sum())

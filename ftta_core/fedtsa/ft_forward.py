@@ -33,6 +33,7 @@ from ..runstore import RunLock, atomic_write_text, code_record_of, read_summary,
 from .table1 import _matches_column, table1_config
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "figures" / "fedtsa_table1"
+MODULE = "ftta_core.fedtsa.ft_forward"  # recorded by name: run as a script, ``__name__`` is "__main__"
 READING = "correct_ft_forward"  # the column of the reference code's reading
 
 
@@ -68,7 +69,7 @@ def ft_forward_run(cfg: ExperimentConfig, out: Path | str, data_root: Optional[s
         if writer.finished():
             return read_summary(writer.summary_json)
         code = code_record(cfg.local, cfg.strategy)
-        code["definitions"].update(code_record_of([__name__])["definitions"])
+        code["definitions"].update(code_record_of([MODULE])["definitions"])
         with build_run(cfg, data_root=data_root) as run:
             engine, recorder = run.engine, run.recorder()
             probe = AdaptOutputs(engine.local)
