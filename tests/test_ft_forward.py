@@ -79,7 +79,18 @@ def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatc
                            local="tent", local_params={"params": "all", "optimizer": "adam", "lr": 3e-3,
                                                        "bn": "running"}, strategy="fedavg_ft")
     plain = run_experiment(cfg)
+    import ftta_core.fedtsa.ft_forward as ft_forward
+    from ftta_core.runstore import UNRECORDED_DEFINITIONS
+
+    exempt = UNRECORDED_DEFINITIONS[MODULE]  # left out of records: sound only while a run never calls them
+
+    def disabled(*args, **kwargs):
+        raise AssertionError("a reading called a definition its code record leaves out")
+
+    for name in exempt:
+        monkeypatch.setattr(ft_forward, name, disabled)
     summary = ft_forward_run(cfg, tmp_path / "run")
+    assert not exempt & summary["code"]["definitions"][MODULE].keys()
     assert summary["accuracy"] == plain.summary["accuracy"]
     assert run_status(summary) == "current" and MODULE in summary["code"]["definitions"]
     steps = pd.read_csv(tmp_path / "run" / "steps.csv")

@@ -28,13 +28,14 @@ import torch
 
 from ..build import build_run, code_record
 from ..experiment import ExperimentConfig, RunWriter, summarize
-from ..paper import METHOD_LABELS
+from ..paper import METHOD_LABELS, paper_table
 from ..runstore import RunLock, atomic_write_text, code_record_of, read_summary, run_status
-from .table1 import _matches_column, table1_config
+from .table1 import _matches_column, stored_table1_runs, table1_config
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "figures" / "fedtsa_table1"
 MODULE = "ftta_core.fedtsa.ft_forward"  # recorded by name: run as a script, ``__name__`` is "__main__"
 READING = "correct_ft_forward"  # the column of the reference code's reading
+SEEDS = (0, 1, 2, 3, 4)  # the seeds a reading is looked for
 
 
 class AdaptOutputs:
@@ -114,12 +115,11 @@ def ft_forward_table(results_dir: Path | str = RESULTS_DIR / "runs", readings_di
                      lr: Optional[float] = 3e-4) -> pd.DataFrame:
     """Per (setting, seed) with a stored reading: the stored FedAvg+FT and FedAvg accuracies, our re-run's (equal to
     the stored FedAvg+FT's when nothing changed), the reference code's reading and both differences from FedAvg."""
-    from .. import fidelity
-
     rows: List[dict] = []
     for setting in settings:
-        fedavg = fidelity.accuracies(results_dir, tta, setting, ("fedavg", {}), lr=lr)
-        for seed, path in stored_ft_runs(results_dir, setting, fidelity.SEEDS, tta, lr).items():
+        grid = stored_table1_runs(results_dir, ["fedavg"], list(SEEDS), "cifar10", (tta,), (setting,), lr=lr)
+        fedavg = grid.set_index("seed")["accuracy"] if len(grid) else pd.Series(dtype=float)
+        for seed, path in stored_ft_runs(results_dir, setting, SEEDS, tta, lr).items():
             reading = Path(readings_dir) / path.name
             if not reading.exists():
                 continue
@@ -138,9 +138,8 @@ def ft_forward_table(results_dir: Path | str = RESULTS_DIR / "runs", readings_di
 def ft_forward_summary(table: pd.DataFrame) -> pd.DataFrame:
     """``ft_forward_table`` per setting: both differences from FedAvg (mean, sd, seeds) beside the paper's
     FedAvg+FT - FedAvg (FedTSA Table 1, TTA-grad)."""
-    from .. import fidelity
-
-    paper = fidelity._paper("fedtsa_table1")
+    table1 = paper_table("fedtsa_table1")
+    paper = table1[table1.dataset == "cifar10"].set_index(["method", "setting", "tta"])["mean"]
     ft, avg = METHOD_LABELS["fedavg_ft"], METHOD_LABELS["fedavg"]
     rows = []
     for setting, g in table.dropna(subset=["FedAvg"]).groupby("setting", sort=False):
