@@ -157,7 +157,8 @@ def ft_forward_reading(table: pd.DataFrame, summary: pd.DataFrame) -> str:
         return "No FedAvg+FT run has its reference reading stored yet."
     same = int((table["FedAvg+FT (re-run)"] == table["FedAvg+FT (stored)"]).sum())
     parts = [f"{same} of {len(table)} re-runs give exactly the stored FedAvg+FT accuracy"
-             + ("." if same == len(table) else "; the others were made by code that changed (see `code`).")]
+             + ("." if same == len(table) else "; the others differ from it (`code` says whether the code that made "
+                                                    "them changed since).")]
     for setting, g in summary.groupby("setting", sort=False):
         ours, ref = (g[g["FedAvg+FT - FedAvg"] == k].iloc[0] for k in ("ours", "reference reading"))
         gap_ours, gap_ref = abs(ours["mean"] - ours["paper"]), abs(ref["mean"] - ref["paper"])
