@@ -1,6 +1,7 @@
 """Tests of the server strategies: W validity, each method's defining rule, the simplex QP, memory, engine smoke."""
 from __future__ import annotations
 
+import copy
 import math
 from types import SimpleNamespace
 from typing import Dict
@@ -215,6 +216,36 @@ def test_fedprox_predicts_as_fedavg_when_each_round_is_one_step_from_the_receive
     prox = run_experiment(ExperimentConfig(**small, strategy="fedprox", strategy_params={"mu": 10.0}))
     assert not avg.steps["correct_mixed"].equals(avg.steps["correct_source"])  # the clients did adapt
     pd.testing.assert_frame_equal(prox.steps, avg.steps)
+
+
+def test_fling_fedprox_term_does_not_move_the_first_step_from_the_received_model():
+    """The public Fling FedProx client (FLAIR-Community/Fling, ``fedprox_client.train_step`` with
+    ``torch_utils.get_model_difference``) adds ``mu * sum_k ||theta_k - theta_k^received||_2`` (per-tensor norms,
+    not squared), the received copy taken when ``train`` starts. torch's norm has gradient 0 at 0, so a round of one
+    step from the received model is the step without the term, as with our squared term: that client would equal
+    FedAvg under the Table 1 protocol too. From the second step on the term does move the client."""
+    gen = torch.Generator().manual_seed(0)
+    received = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                   torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+    batches = [torch.randn(6, 3, 8, 8, generator=gen) for _ in range(2)]
+
+    def adapt(mu: float, steps: int) -> Dict[str, torch.Tensor]:
+        model = copy.deepcopy(received).train()
+        anchor = {k: v.detach().clone() for k, v in model.named_parameters()}
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for x in batches[:steps]:
+            logits = model(x)
+            loss = -(logits.softmax(1) * logits.log_softmax(1)).sum(1).mean()
+            loss = loss + mu * sum(torch.norm(p - anchor[k], p=2) for k, p in model.named_parameters())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return {k: v.detach() for k, v in model.state_dict().items()}
+
+    one_plain, one_prox = adapt(0.0, 1), adapt(10.0, 1)
+    assert all(torch.equal(one_plain[k], one_prox[k]) for k in one_plain)
+    two_plain, two_prox = adapt(0.0, 2), adapt(10.0, 2)
+    assert any(not torch.equal(two_plain[k], two_prox[k]) for k in two_plain)
 
 
 # ---------------------------------------------------------------- FedAMP
