@@ -248,6 +248,42 @@ def test_fling_fedprox_term_does_not_move_the_first_step_from_the_received_model
     assert any(not torch.equal(two_plain[k], two_prox[k]) for k in two_plain)
 
 
+@pytest.mark.parametrize("backend", ["loop", "vectorized"])
+def test_fedprox_source_pulls_towards_the_source_model_and_resumes_with_it(digits_model, backend):
+    """FedProx anchored at the source: the anchor is the clients' trainable parameters before their first step,
+    kept for the whole run (so its term moves the clients, unlike FedProx's under one step per round), mu = 0 is
+    FedAvg, and a run resumed from ``state_dict`` after the anchor was taken continues exactly."""
+    from conftest import shifted_batches
+    from ftta_core.loop import Engine
+    from ftta_core.tta import build_local
+
+    batches = shifted_batches(n_clients=3, batch=8, steps=4)
+
+    def make(strategy: str, **params) -> Engine:
+        torch.manual_seed(0)
+        local = build_local("tent", params="all", optimizer="adam", lr=3e-3, bn="running")
+        return Engine(digits_model, local, build_strategy(strategy, **params), n_clients=3, backend=backend)
+
+    def correct(engine: Engine, steps) -> list:
+        return [engine.step(b).correct_mixed for b in steps]
+
+    source = make("fedavg").bank.get_params()
+    full = make("fedprox_source", mu=50.0)
+    want = correct(full, batches)
+    assert set(full.strategy.source) == set(source)
+    assert all(torch.equal(full.strategy.source[k], source[k]) for k in source)
+    avg = correct(make("fedavg"), batches)
+    assert all((a == b).all() for a, b in zip(correct(make("fedprox_source", mu=0.0), batches), avg))
+    assert any((a != b).any() for a, b in zip(want, avg))  # the term moves the clients
+    first = make("fedprox_source", mu=50.0)
+    correct(first, batches[:2])
+    state = copy.deepcopy(first.state_dict())
+    resumed = make("fedprox_source", mu=50.0)
+    resumed.load_state_dict(state)
+    assert all(torch.equal(resumed.strategy.source[k], source[k]) for k in source)
+    assert all((a == b).all() for a, b in zip(correct(resumed, batches[2:]), want[2:]))
+
+
 # ---------------------------------------------------------------- FedAMP
 
 

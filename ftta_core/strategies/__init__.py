@@ -12,6 +12,7 @@ from .fedavgm import FedAvgM
 from .fedtsa import FedTSA
 from .fedctta import FedCTTA
 from .fedprox import FedProx
+from .fedprox_source import FedProxSource
 from .ldawa import LDAWA
 from .moon import MOON
 from .pfedbbn import PFedBBN
@@ -25,6 +26,7 @@ STRATEGIES: Dict[str, Callable[..., Strategy]] = {
     "fedavgm": FedAvgM,
     "fedavg_localstats": FedAvgLocalStats,
     "fedprox": FedProx,
+    "fedprox_source": FedProxSource,
     "fedamp": FedAMP,
     "pfedgraph": PFedGraph,
     "ldawa": LDAWA,
