@@ -484,3 +484,45 @@ def contrasts_reading(contrasts: pd.DataFrame, tie: float = 0.5) -> str:
     return "; ".join(f"{r['factor']} {r['from']} -> {r['to']} ({r['kept']} kept) moves "
                      f"{r['quantity']} by {r['change']:+.2f} points ({r['seeds']} seed(s))"
                      for r in moved.to_dict("records")) + "."
+
+
+PROXIMAL_ANCHORS: Dict[str, str] = {"fedprox": "the model received at the last mix",
+                                    "fedprox_source": "the source model, for the whole run"}
+
+
+def proximal_anchor_table(results_dir: Path | str = RESULTS_DIR, step: Tuple[str, Optional[float]] = DRIFT_STEP,
+                          settings: Sequence[str] = ("niid", "iid"), tie: float = 0.5) -> pd.DataFrame:
+    """FedProx - FedAvg in one TTA-grad cell (``step``: cell, step size) for each proximal anchor of
+    ``PROXIMAL_ANCHORS``, paired by seed, beside the paper's FedProx - FedAvg (FedTSA Table 1, TTA-grad)."""
+    paper = _paper("fedtsa_table1")
+    cell, lr = step
+    rows = []
+    for setting in settings:
+        theirs = paper[("FedProx", setting, "grad")] - paper[("FedAvg", setting, "grad")]
+        fedavg = accuracies(results_dir, cell, setting, ("fedavg", {}), lr=lr)
+        for strategy, anchor in PROXIMAL_ANCHORS.items():
+            prox = accuracies(results_dir, cell, setting, (strategy, {}), lr=lr)
+            mean, sd, seeds = paired(prox, fedavg)
+            rows.append({"setting": setting, "strategy": strategy, "anchor": anchor, "ours": mean, "ours sd": sd,
+                         "seeds": len(seeds), "paper": theirs, "verdict": verdict(mean, theirs, tie),
+                         "stale runs": stale_used(seeds, prox, fedavg)})
+    return pd.DataFrame(rows)
+
+
+def proximal_anchor_reading(table: pd.DataFrame) -> str:
+    """Per setting of ``proximal_anchor_table``: each anchor's FedProx - FedAvg beside the paper's, and which anchor
+    with runs comes nearer the paper's (computed)."""
+    parts = []
+    for setting, g in table.groupby("setting", sort=False):
+        ran = g[g.seeds > 0]
+        theirs = float(g["paper"].iloc[0])
+        said = "; ".join(f"anchored at {r['anchor']} ({r['strategy']}) {r['ours']:+.2f}"
+                         + (f" (sd {r['ours sd']:.2f})" if r["seeds"] > 1 else "") + f" over {r['seeds']} seed(s), "
+                         f"{r['verdict']}" for r in ran.to_dict("records"))
+        text = f"{setting.upper()}: FedProx - FedAvg " + (said or "not run yet") + f"; the paper {theirs:+.2f}."
+        if len(ran) > 1:
+            nearest = ran.loc[(ran["ours"] - theirs).abs().idxmin()]
+            text += (f" Nearer the paper: the anchor at {nearest['anchor']}, by "
+                     f"{float((ran['ours'] - theirs).abs().max() - abs(nearest['ours'] - theirs)):.2f} points.")
+        parts.append(text)
+    return " ".join(parts)

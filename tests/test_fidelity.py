@@ -202,6 +202,28 @@ def test_difference_by_step_pairs_two_strategies_within_each_cell_and_step(tmp_p
     assert m["difference"] == "FedAvgM (momentum_on=params) - FedAvg" and m["ours"] == pytest.approx(-1.0)
 
 
+def test_proximal_anchor_table_pairs_each_anchor_with_fedavg_and_names_the_nearer(tmp_path):
+    from ftta_core.fidelity import DRIFT_STEP, proximal_anchor_reading, proximal_anchor_table
+
+    cell, lr = DRIFT_STEP
+    for seed, (avg, prox, source) in enumerate([(70.0, 70.0, 68.0), (72.0, 72.0, 69.0)]):
+        _store(tmp_path, cell, "iid", "fedavg", seed, avg, lr=lr)
+        _store(tmp_path, cell, "iid", "fedprox", seed, prox, lr=lr)
+        _store(tmp_path, cell, "iid", "fedprox_source", seed, source, lr=lr)
+    _store(tmp_path, cell, "niid", "fedavg", 0, 70.0, lr=lr)
+    _store(tmp_path, cell, "niid", "fedprox", 0, 70.0, lr=lr)
+    _store(tmp_path, cell, "niid", "fedprox_source", 1, 60.0, lr=lr)  # no FedAvg at seed 1: paired with nothing
+    t = proximal_anchor_table(tmp_path).set_index(["setting", "strategy"])
+    assert t.loc[("iid", "fedprox"), "ours"] == 0.0 and t.loc[("iid", "fedprox_source"), "ours"] == pytest.approx(-2.5)
+    assert t.loc[("iid", "fedprox_source"), "paper"] == pytest.approx(55.03 - 57.28)
+    assert t.loc[("iid", "fedprox_source"), "verdict"] == "holds" and t.loc[("niid", "fedprox_source"), "seeds"] == 0
+    text = proximal_anchor_reading(t.reset_index())
+    assert "IID: FedProx - FedAvg anchored at the model received at the last mix (fedprox) +0.00 (sd 0.00) over 2" in text
+    assert "Nearer the paper: the anchor at the source model, for the whole run, by 2.00 points." in text
+    assert "NIID: FedProx - FedAvg anchored at the model received at the last mix (fedprox) +0.00 over 1 seed(s)" in text
+    assert text.count("Nearer the paper") == 1  # NIID has one anchor with runs
+
+
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
     from ftta_core.fidelity import statistics_contrasts
 
