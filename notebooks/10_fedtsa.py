@@ -425,7 +425,10 @@ display(Markdown("FedAvg+FT - Local as the reference code reports FedAvg+FT: " +
 # FedProx against FedAvg in the same cells, paired by seed. Each round a client takes one adaptation step, from the
 # model it has just received, so FedProx's proximal gradient mu (theta - theta_received) is zero at that step
 # (`tests/test_strategies.py::test_fedprox_predicts_as_fedavg_when_each_round_is_one_step_from_the_received_model`
-# runs both and compares every prediction); the paper's FedProx differs from its FedAvg:
+# runs both and compares every prediction). The public Fling FedProx client, on which the reference code is built,
+# adds mu times the sum of per-tensor L2 norms to the model received at the round's start; that term's gradient is
+# also zero at the received model (`test_fling_fedprox_term_does_not_move_the_first_step_from_the_received_model`),
+# so it too would equal FedAvg here. The paper's FedProx differs from its FedAvg:
 
 # %%
 prox_steps = [("grad", None), (drift_cell, None), (drift_cell, drift_lr)]
@@ -449,6 +452,18 @@ display(Markdown(fidelity.difference_by_step_reading(prox_cost) + (
     + ". With one step per round from the received model the proximal term does not move the clients (the test above)."
     if len(prox_ran) and prox_bound < 0.05 else
     " FedProx's accuracy differs from FedAvg's by more than 0.05 points in at least one cell; see the table.")))
+
+# %% [markdown]
+# The internal code's FedProx client is not public, so where its anchor was taken is not known here. One candidate
+# that would separate FedProx from FedAvg under one step per round: an anchor copied once, when the client is built,
+# i.e. the source model for the whole run (`fedprox_source`, `ftta_core/strategies/fedprox_source.py`; mu = 1, the
+# reference code's FedProx lambda, on our squared term; runs planned in `figures/fedtsa_table1/fedprox_anchor.plan.jsonl`). Both
+# anchors in the cell where Table 1's TTA-grad rows are re-made, beside the paper's FedProx - FedAvg:
+
+# %%
+anchors = fidelity.proximal_anchor_table(results_dir, step=(drift_cell, drift_lr))
+display(tables.show(anchors.set_index(["setting", "strategy"]), best=None))
+display(Markdown(fidelity.proximal_anchor_reading(anchors)))
 
 # %% [markdown]
 # FedAvgM's server momentum against FedAvg in the same cells, both ways it can be applied under running statistics
