@@ -526,3 +526,29 @@ def proximal_anchor_reading(table: pd.DataFrame) -> str:
                      f"{float((ran['ours'] - theirs).abs().max() - abs(nearest['ours'] - theirs)):.2f} points.")
         parts.append(text)
     return " ".join(parts)
+
+
+def over_local_table(values: pd.DataFrame, column: str, method: str, results_dir: Path | str = RESULTS_DIR,
+                     step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> pd.DataFrame:
+    """``values[column]`` (rows with ``setting`` and ``seed``, e.g. FedAvg+FT as the reference code reports it,
+    ``ft_forward.ft_forward_table``) minus the Local run of the same seed in one TTA-grad cell (``step``: cell, step
+    size), per setting, beside the paper's ``method`` - Local (FedTSA Table 1, TTA-grad)."""
+    paper = _paper("fedtsa_table1")
+    cell, lr = step
+    rows = []
+    for setting, g in values.groupby("setting", sort=False):
+        local = accuracies(results_dir, cell, setting, ("local", {}), lr=lr)
+        mean, sd, seeds = paired(g.set_index("seed")[column], local)
+        theirs = paper[(method, setting, "grad")] - paper[("Local", setting, "grad")]
+        rows.append({"setting": setting, "ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs,
+                     "verdict": verdict(mean, theirs, tie), "stale runs": stale_used(seeds, local)})
+    return pd.DataFrame(rows)
+
+
+def over_local_reading(table: pd.DataFrame, what: str) -> str:
+    """One sentence from ``over_local_table``: ``what`` - Local per setting, its spread and seeds, beside the paper's
+    and the verdict (computed)."""
+    return f"{what} - Local: " + "; ".join(
+        f"{r['setting'].upper()} {r['ours']:+.2f}" + (f" (sd {r['ours sd']:.2f})" if r["seeds"] > 1 else "")
+        + f" over {r['seeds']} seed(s) against the paper's {r['paper']:+.2f} ({r['verdict']})"
+        for r in table.to_dict("records")) + "."

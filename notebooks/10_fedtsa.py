@@ -411,15 +411,10 @@ display(tables.show(ft_reading.set_index(["setting", "seed"]), best=None))
 display(tables.show(ft_reading_summary.set_index(["setting", "FedAvg+FT - FedAvg"]), best=None))
 display(Markdown(ft_forward_reading(ft_reading, ft_reading_summary)))
 # the same reading against Local (Table 1's "FedAvg+FT above Local"), paired by seed with the cell's Local runs
-ft_over_local = []
-for setting, g in ft_reading.groupby("setting", sort=False):
-    local = fidelity.accuracies(results_dir, drift_cell, setting, ("local", {}), lr=drift_lr)
-    mean, sd, seeds = fidelity.paired(g.set_index("seed")["FedAvg+FT (reference reading)"], local)
-    paper = fidelity._paper("fedtsa_table1")
-    theirs = paper[("FedAvg+FT", setting, "grad")] - paper[("Local", setting, "grad")]
-    ft_over_local.append(f"{setting.upper()} {mean:+.2f} (sd {sd:.2f}, {len(seeds)} seed(s)) against the paper's "
-                         f"{theirs:+.2f} ({fidelity.verdict(mean, theirs, 0.5)})")
-display(Markdown("FedAvg+FT - Local as the reference code reports FedAvg+FT: " + "; ".join(ft_over_local) + "."))
+ft_over_local = fidelity.over_local_table(ft_reading, "FedAvg+FT (reference reading)", "FedAvg+FT", results_dir,
+                                          step=(drift_cell, drift_lr))
+display(tables.show(ft_over_local.set_index("setting"), best=None))
+display(Markdown(fidelity.over_local_reading(ft_over_local, "FedAvg+FT as the reference code reports it")))
 
 # %% [markdown]
 # FedProx against FedAvg in the same cells, paired by seed. Each round a client takes one adaptation step, from the

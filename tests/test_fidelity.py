@@ -331,3 +331,22 @@ def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
     weak = [line for line in ax.get_lines() if line.get_marker() == "s"]  # the second model: its own marker
     assert sorted(list(line.get_ydata()) for line in weak) == [[-8.0], [1.0]]
     assert any("(weak)" in t.get_text() for t in ax.figure.axes[-1].get_legend().get_texts())
+
+
+def test_over_local_pairs_a_reading_with_the_cells_local_runs_by_seed(tmp_path):
+    from ftta_core.fidelity import DRIFT_STEP, over_local_reading, over_local_table
+
+    cell, lr = DRIFT_STEP
+    for seed, acc in enumerate([60.0, 62.0]):
+        _store(tmp_path, cell, "iid", "local", seed, acc, lr=lr)
+    _store(tmp_path, cell, "niid", "local", 0, 50.0, lr=lr)
+    _store(tmp_path, cell, "niid", "local", 1, 50.0)  # the cell's own step, not drift_lr: not read
+    values = pd.DataFrame({"setting": ["niid", "niid", "iid", "iid", "iid"], "seed": [0, 1, 0, 1, 2],
+                           "reading": [55.0, 40.0, 61.0, 64.0, 90.0]})  # IID seed 2 has no Local: paired with nothing
+    t = over_local_table(values, "reading", "FedAvg+FT", tmp_path).set_index("setting")
+    assert t.loc["iid", "ours"] == pytest.approx(1.5) and t.loc["iid", "seeds"] == 2
+    assert t.loc["iid", "paper"] == pytest.approx(49.84 - 49.37) and t.loc["iid", "verdict"] == "does not hold"
+    assert t.loc["niid", "ours"] == pytest.approx(5.0) and t.loc["niid", "seeds"] == 1
+    assert t.loc["niid", "verdict"] == "holds"
+    text = over_local_reading(t.reset_index(), "R")
+    assert text.startswith("R - Local: NIID +5.00 over 1 seed(s) against the paper's +4.70 (holds); IID +1.50 (sd 0.71)")
