@@ -467,7 +467,9 @@ def cmd_tta_grad_cells(args: argparse.Namespace) -> int:
     args.table.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.table.with_suffix(".csv"), index=False)
     write_markdown(args.table.with_suffix(".md"),
-                   markdown_table(table.set_index(["cell", "setting"])) + "\n" + tta_grad_cells_reading(table) + "\n")
+                   # the step size is in "optimizer"; "lr" (kept in the CSV) would print as 0.00 at two digits
+                   markdown_table(table.drop(columns="lr").set_index(["cell", "setting"])) + "\n"
+                   + tta_grad_cells_reading(table) + "\n")
     return 0
 
 

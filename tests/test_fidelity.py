@@ -350,3 +350,18 @@ def test_over_local_pairs_a_reading_with_the_cells_local_runs_by_seed(tmp_path):
     assert t.loc["niid", "verdict"] == "holds"
     text = over_local_reading(t.reset_index(), "R")
     assert text.startswith("R - Local: NIID +5.00 over 1 seed(s) against the paper's +4.70 (holds); IID +1.50 (sd 0.71)")
+
+
+def test_tta_grad_cells_command_names_the_step_size_once_in_markdown_and_keeps_it_in_csv(tmp_path):
+    """The markdown names a row's step size in ``optimizer`` (a two-digit ``lr`` column printed 0.00 for every row);
+    the CSV keeps ``lr`` as a number."""
+    from ftta_core.cli import main
+
+    _store(tmp_path, "grad-running-adam", "iid", "local", 0, 60.0, lr=3e-4)
+    _store(tmp_path, "grad-running-adam", "iid", "fedavg", 0, 66.0, lr=3e-4)
+    assert main(["tta-grad-cells", "--results", str(tmp_path), "--settings", "iid", "--cells", "grad-running-adam",
+                 "--lrs", "3e-4", "--table", str(tmp_path / "cells")]) == 0
+    header = (tmp_path / "cells.md").read_text().splitlines()[2]
+    assert "| optimizer |" in header and "| lr |" not in header
+    assert "| adam 0.0003 |" in (tmp_path / "cells.md").read_text()
+    assert pd.read_csv(tmp_path / "cells.csv")["lr"].tolist() == [3e-4]
