@@ -9,12 +9,14 @@ record says exactly what the legacy one said, only finer. A module whose source 
 uncommitted edit) keeps its whole-module hash under ``runstore.LEGACY_KEY``; modules in ``runstore.RECORD_EXEMPT``
 are dropped (the record keeping is not recorded). Run by ``python -m ftta_core runs --migrate``.
 
-The same command re-scopes study records whose recording rule was narrowed (``rescope_record``): a FedICON result
-(``fedicon.study.record_scope``) or a stored leakage table (``leakage.record_scope``) made before its rule left out
-reporting modules held their definitions too (FedICON's reporting module imports the workbook, so an edit of the
-workbook's run orchestration turned every FedICON result stale). Re-scoping keeps exactly the recorded definitions
-that today's rule records and drops the others, hashes untouched: the record then says what a record made now says,
-and a result whose computing code changed stays stale.
+The same command re-scopes study records whose recording rule was narrowed (``rescope_record``). A FedICON result
+(``fedicon.study.record_scope``), a stored leakage table (``leakage.record_scope``) or a FedAvg+FT reading
+(``fedtsa.ft_forward.record_scope``) made before its rule left out reporting modules held their definitions too:
+FedICON's reporting module imports the workbook, so an edit of the workbook's run orchestration turned every FedICON
+result stale; an earlier ``ft_forward`` imported ``fidelity``, so every reporting function there was in its readings.
+Re-scoping keeps exactly the recorded definitions that today's rule records (and any its module no longer has) and
+drops the others, hashes untouched: the record then says what a record made now says, and a result whose computing
+code changed stays stale.
 """
 from __future__ import annotations
 
@@ -130,10 +132,16 @@ def _records_in(data: Any) -> Iterator[Dict[str, Any]]:
 def rescope_record(record: Dict[str, Any], scope: Dict[str, Any]) -> Dict[str, Any]:
     """``record`` (a definition record) keeping only the definitions that ``scope`` (the record today's rule
     writes, e.g. ``fedicon.study.record_scope()``) holds, with their recorded hashes; ``record`` itself when
-    nothing is dropped."""
+    nothing is dropped. A recorded definition that its module no longer has is kept: it was used and is gone, so
+    the record stays stale."""
     if "definitions" not in record:
         return record
-    kept = {module: {key: digest for key, digest in recorded.items() if key in scope["definitions"][module]}
+
+    def kept_key(module: str, key: str) -> bool:
+        current = runstore.module_definitions(module)
+        return key in scope["definitions"][module] or (current is not None and key not in current)
+
+    kept = {module: {key: digest for key, digest in recorded.items() if kept_key(module, key)}
             for module, recorded in record["definitions"].items() if module in scope["definitions"]}
     kept = {module: recorded for module, recorded in kept.items() if recorded}
     if kept == record["definitions"]:
@@ -142,14 +150,17 @@ def rescope_record(record: Dict[str, Any], scope: Dict[str, Any]) -> Dict[str, A
 
 
 def study_scope(data: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-    """The code record today's rule writes for the study record ``data`` (FedICON result, stored leakage table),
-    None for any other document."""
+    """The code record today's rule writes for the study record ``data`` (FedICON result, stored leakage table,
+    FedAvg+FT reading), None for any other document."""
     from . import leakage
     from .experiment import ExperimentConfig
     from .fedicon import study
+    from .fedtsa import ft_forward
 
     if study.is_record(data):
         return study.record_scope()
+    if ft_forward.is_record(data):
+        return ft_forward.record_scope(ExperimentConfig.from_dict(data["config"]))
     if leakage.is_record(data):
         return leakage.record_scope(ExperimentConfig.from_dict(data["config"]))
     return None

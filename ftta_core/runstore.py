@@ -83,7 +83,9 @@ UNRECORDED_DEFINITIONS: Dict[str, frozenset] = {
                                       "PAPER_NO_ADAPT", "_train_images", "atomic_write"}),
     f"{PACKAGE}.fedicon.study": frozenset({"CODE_ROOTS", "record_scope", "is_record"}),
     # FedAvg+FT's reference reading: the functions that tabulate and describe stored readings (no run calls them)
-    f"{PACKAGE}.fedtsa.ft_forward": frozenset({"ft_forward_table", "ft_forward_summary", "ft_forward_reading"}),
+    # and what its records name
+    f"{PACKAGE}.fedtsa.ft_forward": frozenset({"ft_forward_table", "ft_forward_summary", "ft_forward_reading",
+                                               "record_scope", "is_record"}),
 }
 LEGACY_KEY = "<whole module>"  # the key of a whole-module hash (a record migrated without its source)
 

@@ -102,6 +102,46 @@ def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatc
         ft_forward_run(ExperimentConfig(**{**cfg.to_dict(), "strategy": "fedavg"}), tmp_path / "other")
 
 
+def test_migration_rescopes_older_readings_to_what_a_reading_records_now(tmp_path, monkeypatch):
+    """``record_scope`` is the record ``ft_forward_run`` writes; ``runs --migrate`` turns a reading that also named
+    ``fidelity`` (an earlier ``ft_forward`` imported it) into that record, keeps a changed recorded definition and
+    one its module no longer has (both stale), and leaves a plain run summary alone."""
+    import json
+
+    from ftta_core.fedtsa.ft_forward import is_record, record_scope
+    from ftta_core.record_migration import migrate
+    from ftta_core.runstore import stale_modules
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise"],
+                           clients=2, batch_size=8, images_per_client=16, device="cpu", seed=0, local="tent",
+                           local_params={"params": "all", "optimizer": "adam", "lr": 1e-3, "bn": "running"},
+                           strategy="fedavg_ft")
+    summary = ft_forward_run(cfg, tmp_path / "run")
+    definitions = summary["code"]["definitions"]
+    assert record_scope(cfg)["definitions"] == definitions and "ftta_core.fidelity" not in definitions
+    assert is_record(summary) and not is_record({k: v for k, v in summary.items() if k != "accuracy_ft_forward"})
+
+    def stored(name, extra):
+        record = {**summary, "code": {**summary["code"], "definitions": {**definitions, **extra}}}
+        (tmp_path / name).write_text(json.dumps(record, indent=1))
+        return stale_modules(record["code"])
+
+    assert stored("older.json", {"ftta_core.fidelity": {"verdict": "an older version"}}) == ["ftta_core.fidelity:verdict"]
+    changed = {MODULE: {**definitions[MODULE], "ft_forward_run": "an older version"}}
+    gone = {"ftta_core.experiment": {**definitions["ftta_core.experiment"], "a_function_since_removed": "digest"}}
+    assert stored("changed.json", changed) == [f"{MODULE}:ft_forward_run"]
+    assert stored("gone.json", gone) == ["ftta_core.experiment:a_function_since_removed"]
+    plain = {k: v for k, v in json.loads((tmp_path / "older.json").read_text()).items() if k != "accuracy_ft_forward"}
+    (tmp_path / "plain.json").write_text(json.dumps(plain, indent=1))
+    assert migrate([tmp_path / n for n in ("older.json", "changed.json", "gone.json", "plain.json")])["migrated"] == 1
+    read = {n: json.loads((tmp_path / f"{n}.json").read_text())["code"] for n in ("older", "changed", "gone", "plain")}
+    assert read["older"]["definitions"] == definitions and stale_modules(read["older"]) == []
+    assert stale_modules(read["changed"]) == [f"{MODULE}:ft_forward_run"]
+    assert stale_modules(read["gone"]) == ["ftta_core.experiment:a_function_since_removed"]
+    assert stale_modules(read["plain"]) == ["ftta_core.fidelity:verdict"]  # not a reading: not re-scoped
+
+
 def test_reading_compares_both_readings_with_the_paper():
     table = pd.DataFrame({"setting": ["niid", "niid"], "seed": [0, 1], "FedAvg": [60.0, 61.0],
                           "FedAvg+FT (stored)": [55.0, 56.0], "FedAvg+FT (re-run)": [55.0, 56.0],

@@ -98,6 +98,22 @@ def ft_forward_run(cfg: ExperimentConfig, out: Path | str, data_root: Optional[s
     return summary
 
 
+def record_scope(cfg: ExperimentConfig) -> Dict[str, object]:
+    """The code record a reading of ``cfg`` made now would hold (the run's code and this module's);
+    ``ft_forward_run`` writes the same record with its own two calls, left as they are so that its recorded
+    definition, and with it every stored reading, stays current (``tests/test_ft_forward.py`` checks the two agree).
+    ``python -m ftta_core runs --migrate`` re-scopes older readings to it (``record_migration.study_scope``)."""
+    code = code_record(cfg.local, cfg.strategy)
+    code["definitions"].update(code_record_of([MODULE])["definitions"])
+    return code
+
+
+def is_record(data: object) -> bool:
+    """Whether a stored JSON document is a reading ``ft_forward_run`` wrote (a run summary with the reference
+    code's reading beside its accuracy)."""
+    return isinstance(data, dict) and {"config", "code", "accuracy_ft_forward"} <= data.keys()
+
+
 def stored_ft_runs(results_dir: Path | str, setting: str, seeds: Sequence[int], tta: str = "grad-running-adam",
                    lr: Optional[float] = 3e-4, dataset: str = "cifar10") -> Dict[int, Path]:
     """The stored FedAvg+FT runs of one Table 1 column (``tta`` at step ``lr``) by seed: the runs to re-run."""
