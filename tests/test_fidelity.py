@@ -59,7 +59,10 @@ def test_paired_uses_common_seeds_only():
                                                   (1.0, 5.0, "direction only"), (-38.25, -2.16, "direction only"),
                                                   (-6.0, -2.16, "holds"), (1.5, 0.6, "holds"), (2.0, 0.6, "direction only"),
                                                   # within the tie band of the paper's value counts as its size
-                                                  (0.9, 0.6, "holds")])
+                                                  (0.9, 0.6, "holds"),
+                                                  # ... even where the two fall on either side of the tie band
+                                                  (0.53, 0.47, "holds"), (-0.3, 0.15, "holds"), (0.5, 0.96, "holds"),
+                                                  (1.02, 0.47, "does not hold")])
 def test_verdict_sides_with_a_tie_band_and_asks_for_the_papers_size(ours, paper, expected):
     assert verdict(ours, paper, tie=0.5) == expected
 
