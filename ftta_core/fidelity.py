@@ -102,6 +102,19 @@ def _paper(table: str, dataset: str = "cifar10") -> pd.Series:
     return p[p.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
 
 
+def _grad_difference(paper: pd.Series, method: str, against: str, setting: str) -> float:
+    """The paper's ``method`` - ``against`` under TTA-grad in ``setting`` (labels of ``_paper``'s table)."""
+    return paper[(method, setting, "grad")] - paper[(against, setting, "grad")]
+
+
+def _difference_row(a: pd.Series, b: pd.Series, theirs: float, tie: float) -> Dict[str, Any]:
+    """``a`` - ``b`` paired by seed beside the paper's ``theirs``: the columns every difference table shares
+    (``ours``, ``ours sd``, ``seeds``, ``paper``, ``verdict``, ``stale runs``)."""
+    mean, sd, seeds = paired(a, b)
+    return {"ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs, "verdict": verdict(mean, theirs, tie),
+            "stale runs": stale_used(seeds, a, b)}
+
+
 def _row(claim: str, source: str, paper: float, ours: Tuple[float, float, List[int]], tie: float,
          settled_by: str, *runs: pd.Series) -> Dict[str, Any]:
     """One claim row; ``runs``: the ``accuracies`` series compared, whose stale runs at the paired seeds are
@@ -142,11 +155,11 @@ def _grad_cell_claims(results_dir: Path | str, cell: str, lr: Optional[float], s
         label = METHOD_LABELS[s]
         ours = paired(theirs, local)
         rows.append({**_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
-                            paper[(label, setting, "grad")] - paper[("Local", setting, "grad")], ours, tie, where,
+                            _grad_difference(paper, label, "Local", setting), ours, tie, where,
                             theirs, local), "method": label, "setting": setting})
         if s == "fedavg":
             rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
-                             fedctta[(label, setting, "grad")] - fedctta[("Local", setting, "grad")], ours,
+                             _grad_difference(fedctta, label, "Local", setting), ours,
                              tie, where, theirs, local))
     if best:
         others = [s for s in strategies if s != "fedtsa"]
@@ -218,14 +231,12 @@ def difference_by_step(results_dir: Path | str = RESULTS_DIR, strategy: str = "f
     named = a_label + (" (" + ", ".join(f"{k}={v}" for k, v in params.items()) + ")" if params else "")
     rows = []
     for setting in settings:
-        theirs = paper[(a_label, setting, "grad")] - paper[(b_label, setting, "grad")]
+        theirs = _grad_difference(paper, a_label, b_label, setting)
         for cell, lr in steps:
             a = accuracies(results_dir, cell, setting, (strategy, dict(params or {})), lr=lr)
             b = accuracies(results_dir, cell, setting, (against, {}), lr=lr)
-            mean, sd, seeds = paired(a, b)
             rows.append({"setting": setting, "cell": _cell_label(cell, lr), "difference": f"{named} - {b_label}",
-                         "ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs,
-                         "verdict": verdict(mean, theirs, tie), "stale runs": stale_used(seeds, a, b)})
+                         **_difference_row(a, b, theirs, tie)})
     return pd.DataFrame(rows)
 
 
@@ -281,7 +292,7 @@ def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
             grad, local = (accuracies(results_dir, cell, setting, variant, lr=lr),
                            accuracies(results_dir, cell, setting, ("local", {}), lr=lr))
             rows.append(_row(f"FedCTTA above Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
-                             paper[("FedCTTA", setting, "grad")] - paper[("Local", setting, "grad")],
+                             _grad_difference(paper, "FedCTTA", "Local", setting),
                              paired(grad, local), tie, f"{label}, {_cell_label(cell, lr)}, {setting.upper()}", grad,
                              local))
     return rows
@@ -501,14 +512,12 @@ def proximal_anchor_table(results_dir: Path | str = RESULTS_DIR, step: Tuple[str
     cell, lr = step
     rows = []
     for setting in settings:
-        theirs = paper[("FedProx", setting, "grad")] - paper[("FedAvg", setting, "grad")]
+        theirs = _grad_difference(paper, "FedProx", "FedAvg", setting)
         fedavg = accuracies(results_dir, cell, setting, ("fedavg", {}), lr=lr)
         for strategy, anchor in PROXIMAL_ANCHORS.items():
             prox = accuracies(results_dir, cell, setting, (strategy, {}), lr=lr)
-            mean, sd, seeds = paired(prox, fedavg)
-            rows.append({"setting": setting, "strategy": strategy, "anchor": anchor, "ours": mean, "ours sd": sd,
-                         "seeds": len(seeds), "paper": theirs, "verdict": verdict(mean, theirs, tie),
-                         "stale runs": stale_used(seeds, prox, fedavg)})
+            rows.append({"setting": setting, "strategy": strategy, "anchor": anchor,
+                         **_difference_row(prox, fedavg, theirs, tie)})
     return pd.DataFrame(rows)
 
 
@@ -541,10 +550,8 @@ def over_local_table(values: pd.DataFrame, column: str, method: str, results_dir
     rows = []
     for setting, g in values.groupby("setting", sort=False):
         local = accuracies(results_dir, cell, setting, ("local", {}), lr=lr)
-        mean, sd, seeds = paired(g.set_index("seed")[column], local)
-        theirs = paper[(method, setting, "grad")] - paper[("Local", setting, "grad")]
-        rows.append({"setting": setting, "ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs,
-                     "verdict": verdict(mean, theirs, tie), "stale runs": stale_used(seeds, local)})
+        rows.append({"setting": setting, **_difference_row(g.set_index("seed")[column], local,
+                                                           _grad_difference(paper, method, "Local", setting), tie)})
     return pd.DataFrame(rows)
 
 
