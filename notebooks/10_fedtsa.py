@@ -482,12 +482,13 @@ display(Markdown(fidelity.difference_by_step_reading(momentum)))
 # Each row is one claim in one cell of the 2x2, or in the reference clients' cell at `drift_lr` (there for every
 # strategy of Table 1, and FedTSA against the best of them): the paper's difference (FedTSA Table 1; for FedAvg - Local also
 # FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code), ours paired by seed, and the
-# verdict with a tie band of 0.5 points (`ftta_core.fidelity.verdict`: 'holds' needs the paper's side of 0 and,
-# within 0.5 points or a factor 3, its size; 'direction only' the side without the size). The second table changes one factor at a time between
-# two cells that both have runs (BN statistics, optimiser; and, within a cell, NIID -> IID: whether the clients whose
-# states are mixed see the same corruption; and, within a running-statistics cell, whether the server averages the
-# clients' running statistics or only their parameters: `--strategy fedavg_localstats`, each client keeping its
-# statistics), so a claim that moves is traced to the factor that moved it, in stored runs.
+# verdict with a tie band of 0.5 points (`ftta_core.fidelity.verdict`: 'holds' needs ours within 0.5 points of the
+# paper's value, or the paper's side of 0 and its size within a factor 3; 'direction only' the side without the size).
+# The second table changes one factor at a time between two cells that both have runs (BN statistics, optimiser;
+# and, within a cell, NIID -> IID: whether the clients whose states are mixed see the same corruption; and, within a
+# running-statistics cell, whether the server averages the clients' running statistics or only their parameters:
+# `--strategy fedavg_localstats`, each client keeping its statistics), so a claim that moves is traced to the factor
+# that moved it, in stored runs.
 
 # %%
 claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir, drift=[(drift_cell, drift_lr)]))

@@ -187,8 +187,9 @@ display(tables.show(missing, best=None))
 # (`probe_bn="eval", probes="per_client", ema=0.9`). FedAvgM's server momentum on every shared tensor (our default)
 # or on parameters only, which under TTA-bn is FedAvg by construction. Runs planned in
 # `figures/fedctta/fidelity.plan.jsonl` (`python -m ftta_core run-plan FILE --workers 2 --threads 1`); each row is one
-# claim, ours paired by seed beside the paper's difference, with the verdict (tie band 0.5 points; 'holds' needs the
-# paper's side of 0 and, within 0.5 points or a factor 3, its size, 'direction only' the side without the size;
+# claim, ours paired by seed beside the paper's difference, with the verdict (tie band 0.5 points; 'holds' needs ours
+# within 0.5 points of the paper's value, or the paper's side of 0 and its size within a factor 3, 'direction only' the
+# side without the size;
 # `ftta_core.fidelity.verdict`); rows without stored runs say so. The runs the claims read are `fidelity.claim_grids()`:
 # `-p compute_claims=True` runs the missing ones for `cifar_seeds`, and with `FTTA_PLAN=FILE` only plans them (the
 # plan file above was extended this way with seeds 0-2, then 3-4).
