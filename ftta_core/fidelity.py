@@ -540,19 +540,32 @@ def proximal_anchor_reading(table: pd.DataFrame) -> str:
     return " ".join(parts)
 
 
-def over_local_table(values: pd.DataFrame, column: str, method: str, results_dir: Path | str = RESULTS_DIR,
-                     step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> pd.DataFrame:
-    """``values[column]`` (rows with ``setting`` and ``seed``, e.g. FedAvg+FT as the reference code reports it,
-    ``ft_forward.ft_forward_table``) minus the Local run of the same seed in one TTA-grad cell (``step``: cell, step
-    size), per setting, beside the paper's ``method`` - Local (FedTSA Table 1, TTA-grad)."""
+def over_local_claims(values: pd.DataFrame, column: str, method: str, reading: str,
+                      results_dir: Path | str = RESULTS_DIR, step: Tuple[str, Optional[float]] = DRIFT_STEP,
+                      tie: float = 0.5) -> List[dict]:
+    """``values[column]`` (rows with ``setting`` and ``seed``, and a ``code`` status where stored, e.g. FedAvg+FT as
+    the reference code reports it, ``ft_forward.ft_forward_table``) minus the Local run of the same seed in one
+    TTA-grad cell (``step``: cell, step size), per setting, as ``claims_table`` rows (its ``extra``): the paper's
+    ``method`` above Local (FedTSA Table 1, TTA-grad), with ``reading`` naming how ``column`` was read."""
     paper = _paper("fedtsa_table1")
     cell, lr = step
     rows = []
     for setting, g in values.groupby("setting", sort=False):
         local = accuracies(results_dir, cell, setting, ("local", {}), lr=lr)
-        rows.append({"setting": setting, **_difference_row(g.set_index("seed")[column], local,
-                                                           _grad_difference(paper, method, "Local", setting), tie)})
-    return pd.DataFrame(rows)
+        ours = g.set_index("seed")[column]
+        ours.attrs["stale"] = sorted(g.loc[g["code"] == "stale", "seed"]) if "code" in g else []
+        rows.append({**_row(f"{method} above Local under TTA-grad, {setting.upper()} ({reading})", "FedTSA Table 1",
+                            _grad_difference(paper, method, "Local", setting), paired(ours, local), tie,
+                            f"{_cell_label(cell, lr)}, {setting.upper()}, {reading}", ours, local),
+                     "method": method, "setting": setting})
+    return rows
+
+
+def over_local_table(values: pd.DataFrame, column: str, method: str, results_dir: Path | str = RESULTS_DIR,
+                     step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> pd.DataFrame:
+    """``over_local_claims`` per setting, in the columns every difference table shares."""
+    rows = over_local_claims(values, column, method, column, results_dir, step, tie)
+    return pd.DataFrame(rows, columns=["setting", "ours", "ours sd", "seeds", "paper", "verdict", "stale runs"])
 
 
 def over_local_reading(table: pd.DataFrame, what: str) -> str:

@@ -281,15 +281,16 @@ for model, grid in by_model.items():
 # %% [markdown]
 # ## TTA-grad as the reference clients ran it: BatchNorm x optimiser
 # The paper's TTA-grad Local is 7.6 points below its TTA-bn Local and FedAvg is 5-8 points above Local; the first row
-# of the table below gives both gaps for our clients (BN on batch statistics, SGD 1e-4), computed from the stored runs. The reference code (FedCTTA's Fling fork, the
-# FedTSA-era internal code; `../shared/reference/seed-code-facts.md`) adapts a standard BatchNorm model in train mode,
-# so every 10-image batch updates the BN running statistics (momentum 0.1), predicts in eval mode with them, and the
-# server mixes the whole state_dict, running statistics included; its optimiser is Adam 1e-5 where the paper says SGD
-# 1e-4. `--local-param bn=running` is that client (`ftta_core/tta/running.py`; tested against a plain `nn.Module`
+# of the table below gives both gaps for our clients (BN on batch statistics, SGD 1e-4), computed from the stored
+# runs. The reference code (FedCTTA's Fling fork, the FedTSA-era internal code;
+# `../shared/reference/seed-code-facts.md`) adapts a standard BatchNorm model in train mode, so every 10-image batch
+# updates the BN running statistics (momentum 0.1), predicts in eval mode with them, and the server mixes the whole
+# state_dict, running statistics included; its optimiser is Adam 1e-5 where the paper says SGD 1e-4.
+# `--local-param bn=running` is that client (`ftta_core/tta/running.py`; tested against a plain `nn.Module`
 # train/eval loop in `tests/test_running_bn.py`). The 2x2 below crosses BN {batch, running} with the optimiser
 # {SGD 1e-4, Adam 1e-5} on the NIID protocol (seed 0 first): `python -m ftta_core fedtsa-table --tta CELL
-# --strategies local fedavg fedtsa --seeds 0 --settings niid --results figures/fedtsa_table1/runs --table ...`
-# with CELL in grad, grad-adam, grad-running, grad-running-adam. Differences are paired by seed; NaN = not run yet.
+# --strategies local fedavg fedtsa --seeds 0 --settings niid --results figures/fedtsa_table1/runs --table ...` with
+# CELL in grad, grad-adam, grad-running, grad-running-adam. Differences are paired by seed; NaN = not run yet.
 
 # %%
 cells = tta_grad_cells(results_dir=results_dir, seeds=all_seeds)
@@ -320,9 +321,10 @@ if len(ran):
 # drift further: larger Adam steps in the reference clients' cell (IID first, where every client sees the same
 # corruption at a time, so averaging their states mixes nothing that differs; then NIID; `fedtsa-table --tta
 # grad-running-adam --lr X --strategies local fedavg --settings iid`, planned in
-# `figures/fedtsa_table1/step_size.plan.jsonl`), and the paper-regime source models at the same steps (the section
-# on source models above; `figures/fedtsa_table1/source_model.plan.jsonl`). The reading says, from these runs, whether FedAvg gains over Local wherever Local(grad) has fallen; the
-# figure draws both gaps against the step size beside the paper's.
+# `figures/fedtsa_table1/step_size.plan.jsonl`), and the paper-regime source models at the same steps (the section on
+# source models above; `figures/fedtsa_table1/source_model.plan.jsonl`). The reading says, from these runs, whether
+# FedAvg gains over Local wherever Local(grad) has fallen; the figure draws both gaps against the step size beside the
+# paper's.
 
 # %%
 from ftta_core.fedtsa.table1 import degraded_local_reading, step_size_figure
@@ -452,8 +454,9 @@ display(Markdown(fidelity.difference_by_step_reading(prox_cost) + (
 # The internal code's FedProx client is not public, so where its anchor was taken is not known here. One candidate
 # that would separate FedProx from FedAvg under one step per round: an anchor copied once, when the client is built,
 # i.e. the source model for the whole run (`fedprox_source`, `ftta_core/strategies/fedprox_source.py`; mu = 1, the
-# reference code's FedProx lambda, on our squared term; runs planned in `figures/fedtsa_table1/fedprox_anchor.plan.jsonl`). Both
-# anchors in the cell where Table 1's TTA-grad rows are re-made, beside the paper's FedProx - FedAvg:
+# reference code's FedProx lambda, on our squared term; runs planned in
+# `figures/fedtsa_table1/fedprox_anchor.plan.jsonl`). Both anchors in the cell where Table 1's TTA-grad rows are
+# re-made, beside the paper's FedProx - FedAvg:
 
 # %%
 anchors = fidelity.proximal_anchor_table(results_dir, step=(drift_cell, drift_lr))
@@ -480,18 +483,21 @@ display(Markdown(fidelity.difference_by_step_reading(momentum)))
 # %% [markdown]
 # ## Which TTA-grad claims hold, and what moves them
 # Each row is one claim in one cell of the 2x2, or in the reference clients' cell at `drift_lr` (there for every
-# strategy of Table 1, and FedTSA against the best of them): the paper's difference (FedTSA Table 1; for FedAvg - Local also
-# FedCTTA's Table I, whose TTA-grad numbers come from the reference clients' code), ours paired by seed, and the
-# verdict with a tie band of 0.5 points (`ftta_core.fidelity.verdict`: 'holds' needs ours within 0.5 points of the
-# paper's value, or the paper's side of 0 and its size within a factor 3; 'direction only' the side without the size).
-# The second table changes one factor at a time between two cells that both have runs (BN statistics, optimiser;
-# and, within a cell, NIID -> IID: whether the clients whose states are mixed see the same corruption; and, within a
-# running-statistics cell, whether the server averages the clients' running statistics or only their parameters:
-# `--strategy fedavg_localstats`, each client keeping its statistics), so a claim that moves is traced to the factor
-# that moved it, in stored runs.
+# strategy of Table 1, FedTSA against the best of them, and FedAvg+FT as the reference code reports it, read above):
+# the paper's difference (FedTSA Table 1; for FedAvg - Local also FedCTTA's Table I, whose TTA-grad numbers come from
+# the reference clients' code), ours paired by seed, and the verdict with a tie band of 0.5 points
+# (`ftta_core.fidelity.verdict`: 'holds' needs ours within 0.5 points of the paper's value, or the paper's side of 0
+# and its size within a factor 3; 'direction only' the side without the size). The second table changes one factor at
+# a time between two cells that both have runs (BN statistics, optimiser; and, within a cell, NIID -> IID: whether the
+# clients whose states are mixed see the same corruption; and, within a running-statistics cell, whether the server
+# averages the clients' running statistics or only their parameters: `--strategy fedavg_localstats`, each client
+# keeping its statistics), so a claim that moves is traced to the factor that moved it, in stored runs.
 
 # %%
-claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir, drift=[(drift_cell, drift_lr)]))
+claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir, drift=[(drift_cell, drift_lr)])
+                      + fidelity.over_local_claims(ft_reading, "FedAvg+FT (reference reading)", "FedAvg+FT",
+                                                   "as the reference code reports it", results_dir,
+                                                   step=(drift_cell, drift_lr)))
 claims = claims[claims.seeds > 0]
 claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs"]
 display(tables.show(claims.set_index(["claim", "settled by"])[claim_columns], best=None))

@@ -25,9 +25,10 @@
 # 4. **W** — `W_i. = softmax_j(D_ij)` (Eq. 7), and the server mixes `theta_i <- sum_j W_ij theta_j`.
 #
 # No server training and nothing kept between rounds (the reference code's EMA of `mu` is an option). This notebook
-# opens one round on a small stream of the embedded digits, reads the CIFAR-10-C Table I runs stored so far, shows
-# the measured server cost against FedTSA, and runs the Table IV and Fig. 5 ablations on the digits. Implementation:
-# `ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta/` (`study.py`, `tables.py`, `server_cost.py`), `paper.py`, `plots.py`.
+# opens one round on a small stream of the embedded digits, reads the CIFAR-10-C Table I runs stored so far, shows the
+# measured server cost against FedTSA, and runs the Table IV and Fig. 5 ablations on the digits. Implementation:
+# `ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta/` (`study.py`, `tables.py`, `server_cost.py`),
+# `paper.py`, `plots.py`.
 
 # %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1) runs a few steps and a subset of each grid
@@ -484,8 +485,8 @@ fig.suptitle("mean ± 1 sd over seeds (open marker: one seed); (c) uses the key 
 # client's real batch at this step; the reference clients in eval mode, i.e. under TTA-bn with the statistics of the
 # previous aggregation), on whether all clients share one probe set (the paper) or draw their own every step (the
 # reference code) and on whether the server smooths the probe statistics (EMA 0.9 in the reference code, none in the
-# paper); the last setting is the reference code's. One line per setting across temperatures, on the stream above: (a) accuracy, with FedAvg dashed and
-# Local dotted; (b) W's mean self-weight, with FedAvg's 1/N dashed.
+# paper); the last setting is the reference code's. One line per setting across temperatures, on the stream above: (a)
+# accuracy, with FedAvg dashed and Local dotted; (b) W's mean self-weight, with FedAvg's 1/N dashed.
 
 # %%
 probe_temperatures = [1, 10] if smoke else [1, 3, 10, 30]

@@ -173,16 +173,24 @@ if not rates.empty:
 # were run (TTA-grad BatchNorm and optimiser, FedCTTA's probe normalisation, FedAvgM's momentum, pFedBBN's
 # temperature), read from the stored runs: the paper's difference, ours paired by seed, the verdict (tie band 0.5
 # points; 'holds' needs ours within 0.5 points of the paper's value, or the paper's side of 0 and its size within a
-# factor 3, 'direction only' the side without the size; `fidelity.verdict`) and the runs that settle it (`ftta_core.fidelity`, `ftta_core.temperature`; notebooks 10, 20 and 30 show
-# each group with its figures). A claim without stored runs says so.
+# factor 3, 'direction only' the side without the size; `fidelity.verdict`) and the runs that settle it
+# (`ftta_core.fidelity`, `ftta_core.temperature`; notebooks 10, 20 and 30 show each group with its figures). FedAvg+FT
+# above Local comes twice: as we predict and as the reference code reports it (notebook 10's `ft_forward` reading). A
+# claim without stored runs says so.
 
 # %%
 from ftta_core import fidelity
+from ftta_core.fedtsa.ft_forward import ft_forward_table
 from ftta_core.pfedbbn import temperature
 
 pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/runs/temperature",
                                                           "../figures/pfedbbn/runs")
-claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows)
+# FedAvg+FT as the reference code reports it (notebook 10 reads it beside ours)
+ft_rows = fidelity.over_local_claims(ft_forward_table(table1_runs, Path(table1_runs).parent / "ft_forward",
+                                                      lr=fidelity.DRIFT_STEP[1]),
+                                     "FedAvg+FT (reference reading)", "FedAvg+FT", "as the reference code reports it",
+                                     table1_runs)
+claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows + ft_rows)
 display(tables.show(claims.set_index(["source", "claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
                                                                           "verdict", "stale runs"]], best=None))
 display(Markdown(fidelity.claims_reading(claims)))

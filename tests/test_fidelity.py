@@ -355,6 +355,24 @@ def test_over_local_pairs_a_reading_with_the_cells_local_runs_by_seed(tmp_path):
     assert text.startswith("R - Local: NIID +5.00 over 1 seed(s) against the paper's +4.70 (holds); IID +1.50 (sd 0.71)")
 
 
+def test_over_local_claims_join_the_claims_table_and_count_stale_readings(tmp_path):
+    """A reading against Local becomes a claims-table row of its own (the notebooks' ``extra``), whose stale count
+    comes from the reading's ``code`` status at the paired seeds."""
+    from ftta_core.fidelity import DRIFT_STEP, over_local_claims
+
+    cell, lr = DRIFT_STEP
+    for seed, acc in enumerate([60.0, 62.0, 61.0]):
+        _store(tmp_path, cell, "iid", "local", seed, acc, lr=lr)
+    values = pd.DataFrame({"setting": ["iid"] * 4, "seed": [0, 1, 2, 3], "reading": [55.0, 58.0, 57.0, 90.0],
+                           "code": ["current", "stale", "current", "stale"]})  # seed 3: no Local, not counted
+    table = claims_table(tmp_path, extra=over_local_claims(values, "reading", "FedAvg+FT", "as read", tmp_path))
+    row = table.set_index("claim").loc["FedAvg+FT above Local under TTA-grad, IID (as read)"]
+    assert row["ours"] == pytest.approx(-13 / 3) and row["seeds"] == 3 and row["stale runs"] == 1
+    assert row["verdict"] == "does not hold" and row["paper"] == pytest.approx(49.84 - 49.37)
+    assert row["settled by"].endswith("IID, as read, seeds [0, 1, 2] (1 run(s) made by code that has changed since)")
+    assert row["source"] == "FedTSA Table 1"
+
+
 def test_tta_grad_cells_command_names_the_step_size_once_in_markdown_and_keeps_it_in_csv(tmp_path):
     """The markdown names a row's step size in ``optimizer`` (a two-digit ``lr`` column printed 0.00 for every row);
     the CSV keeps ``lr`` as a number."""
