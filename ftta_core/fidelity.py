@@ -561,6 +561,18 @@ def over_local_claims(values: pd.DataFrame, column: str, method: str, reading: s
     return rows
 
 
+# the column of ``ft_forward.ft_forward_table`` that holds FedAvg+FT as the reference code reports it
+FT_REFERENCE_READING = "FedAvg+FT (reference reading)"
+
+
+def ft_reference_claims(ft_table: pd.DataFrame, results_dir: Path | str = RESULTS_DIR,
+                        step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> List[dict]:
+    """FedAvg+FT above Local as the reference code reports it (``ft_forward.ft_forward_table``), as
+    ``claims_table`` rows (``over_local_claims``)."""
+    return over_local_claims(ft_table, FT_REFERENCE_READING, "FedAvg+FT", "as the reference code reports it",
+                             results_dir, step, tie)
+
+
 def over_local_table(values: pd.DataFrame, column: str, method: str, results_dir: Path | str = RESULTS_DIR,
                      step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> pd.DataFrame:
     """``over_local_claims`` per setting, in the columns every difference table shares."""

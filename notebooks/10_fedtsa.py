@@ -413,7 +413,7 @@ display(tables.show(ft_reading.set_index(["setting", "seed"]), best=None))
 display(tables.show(ft_reading_summary.set_index(["setting", "FedAvg+FT - FedAvg"]), best=None))
 display(Markdown(ft_forward_reading(ft_reading, ft_reading_summary)))
 # the same reading against Local (Table 1's "FedAvg+FT above Local"), paired by seed with the cell's Local runs
-ft_over_local = fidelity.over_local_table(ft_reading, "FedAvg+FT (reference reading)", "FedAvg+FT", results_dir,
+ft_over_local = fidelity.over_local_table(ft_reading, fidelity.FT_REFERENCE_READING, "FedAvg+FT", results_dir,
                                           step=(drift_cell, drift_lr))
 display(tables.show(ft_over_local.set_index("setting"), best=None))
 display(Markdown(fidelity.over_local_reading(ft_over_local, "FedAvg+FT as the reference code reports it")))
@@ -495,9 +495,7 @@ display(Markdown(fidelity.difference_by_step_reading(momentum)))
 
 # %%
 claims = pd.DataFrame(fidelity.tta_grad_claims(results_dir, drift=[(drift_cell, drift_lr)])
-                      + fidelity.over_local_claims(ft_reading, "FedAvg+FT (reference reading)", "FedAvg+FT",
-                                                   "as the reference code reports it", results_dir,
-                                                   step=(drift_cell, drift_lr)))
+                      + fidelity.ft_reference_claims(ft_reading, results_dir, step=(drift_cell, drift_lr)))
 claims = claims[claims.seeds > 0]
 claim_columns = ["source", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs"]
 display(tables.show(claims.set_index(["claim", "settled by"])[claim_columns], best=None))

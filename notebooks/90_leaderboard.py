@@ -186,10 +186,8 @@ from ftta_core.pfedbbn import temperature
 pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/runs/temperature",
                                                           "../figures/pfedbbn/runs")
 # FedAvg+FT as the reference code reports it (notebook 10 reads it beside ours)
-ft_rows = fidelity.over_local_claims(ft_forward_table(table1_runs, Path(table1_runs).parent / "ft_forward",
-                                                      lr=fidelity.DRIFT_STEP[1]),
-                                     "FedAvg+FT (reference reading)", "FedAvg+FT", "as the reference code reports it",
-                                     table1_runs)
+ft_rows = fidelity.ft_reference_claims(ft_forward_table(table1_runs, Path(table1_runs).parent / "ft_forward",
+                                                        lr=fidelity.DRIFT_STEP[1]), table1_runs)
 claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows + ft_rows)
 display(tables.show(claims.set_index(["source", "claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
                                                                           "verdict", "stale runs"]], best=None))

@@ -373,6 +373,19 @@ def test_over_local_claims_join_the_claims_table_and_count_stale_readings(tmp_pa
     assert row["source"] == "FedTSA Table 1"
 
 
+def test_ft_reference_claims_read_the_column_ft_forward_writes(tmp_path):
+    """The notebooks' FedAvg+FT reference-reading rows read ``ft_forward_table``'s column by name."""
+    from ftta_core.fedtsa.ft_forward import ft_forward_table
+    from ftta_core.fidelity import DRIFT_STEP, FT_REFERENCE_READING, ft_reference_claims
+
+    assert FT_REFERENCE_READING in ft_forward_table(tmp_path, tmp_path).columns
+    _store(tmp_path, DRIFT_STEP[0], "niid", "local", 0, 50.0, lr=DRIFT_STEP[1])
+    rows = ft_reference_claims(pd.DataFrame({"setting": ["niid"], "seed": [0], FT_REFERENCE_READING: [56.0]}),
+                               tmp_path)
+    assert [(r["claim"], r["ours"], r["verdict"]) for r in rows] == [
+        ("FedAvg+FT above Local under TTA-grad, NIID (as the reference code reports it)", 6.0, "holds")]
+
+
 def test_tta_grad_cells_command_names_the_step_size_once_in_markdown_and_keeps_it_in_csv(tmp_path):
     """The markdown names a row's step size in ``optimizer`` (a two-digit ``lr`` column printed 0.00 for every row);
     the CSV keeps ``lr`` as a number."""
