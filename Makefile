@@ -22,7 +22,7 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root unless told (containers often run as root)
 LAB_ROOT = $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
-.PHONY: install quickstart test lab notebooks figures paper-runs clean
+.PHONY: install quickstart test test-fast lab notebooks figures paper-runs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ quickstart: $(STAMP)
 
 test: $(STAMP)
 	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider
+
+# the unit tests without the notebooks and without the tests that start servers or processes (tests/conftest.py
+# SLOW_FILES): the float64 oracles, the unit lock and the run store included
+test-fast: $(STAMP)
+	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests -m "not slow" -q -p no:cacheprovider
 
 # every notebook in smoke mode; executed copies (and any figures) under runs/notebooks/smoke/, nothing tracked written
 notebooks: $(STAMP)

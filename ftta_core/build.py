@@ -28,27 +28,42 @@ if TYPE_CHECKING:  # the config module imports this one (no import cycle at run 
     from .tta.base import LocalMethod
 
 
-# modules every simulated run depends on (besides its local method and strategy); packages list all their modules
+# modules every simulated run depends on (besides its local method and strategy, and the data loader and model
+# architecture it uses); packages list all their modules
 RUN_ROOTS = ("build", "loop", "engine.bank", "engine.layers", "engine.mixing", "stream", "scenarios", "training",
-             "rng", "corruptions", "models", "data")
+             "rng", "corruptions", "data.registry", "data.base", "data.cache", "data.root")
 # functions of ``experiment`` that make a run's numbers (the rest of that module is config checking and reporting)
 RUN_FUNCTIONS = ("run_experiment", "_run", "run_strategies", "summarize", "accuracy_by")
 
 
-def code_record(local: str, strategy: str) -> Dict[str, Any]:
+def code_record(local: str, strategy: str, cfg: Optional["ExperimentConfig"] = None) -> Dict[str, Any]:
     """What made a run of local method ``local`` and strategy ``strategy`` (``runstore.code_record_of``): the
-    modules of ``RUN_ROOTS``, of the two methods (registered plugins included) and what they import, and
-    ``experiment``'s ``RUN_FUNCTIONS``."""
+    semantic units (``ftta_core.units``) of ``RUN_ROOTS``, of the two methods (registered plugins included) and what
+    they import, and of ``experiment``'s ``RUN_FUNCTIONS``; with the run's config ``cfg``, also its dataset's loader,
+    its model's architecture and its source checkpoint by digest (without ``cfg``: every loader and architecture)."""
     from .runstore import PACKAGE, code_record_of
     from .strategies import STRATEGIES
     from .tta import LOCAL_METHODS
+    from .units import checkpoint_input
 
     roots = [f"{PACKAGE}.{r}" for r in RUN_ROOTS]
     for registry, key in ((LOCAL_METHODS, local), (STRATEGIES, strategy)):
         obj = registry.get(key)
         if obj is not None:
             roots += [c.__module__ for c in getattr(obj, "__mro__", [obj]) if c.__module__.startswith(PACKAGE)]
-    return code_record_of(roots, [f"{PACKAGE}.experiment:{name}" for name in RUN_FUNCTIONS])
+    inputs: Dict[str, str] = {}
+    if cfg is None:
+        roots += [f"{PACKAGE}.data", f"{PACKAGE}.models"]
+    else:
+        from .data.registry import loader_module
+        from .models import ARCHITECTURES
+        from .training import SOURCE_MODELS
+
+        roots.append(loader_module(cfg.dataset))
+        spec = SOURCE_MODELS.get(cfg.model_name)
+        roots += [ARCHITECTURES[spec.arch].__module__] if spec is not None else [f"{PACKAGE}.models"]
+        inputs = checkpoint_input(cfg.model_name)
+    return code_record_of(roots, [f"{PACKAGE}.experiment:{name}" for name in RUN_FUNCTIONS], inputs)
 
 
 def resolve_device(device: str) -> str:

@@ -122,18 +122,70 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _add_runs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the stored runs under folders and whether their code is current",
                        description="Scans run folders, summary files and study records (every layout stored under "
-                                   "figures/) and reports each one's status: current (made by today's code), "
-                                   "stale (a definition it recorded changed since: rerun grids with "
-                                   "FTTA_RERUN_STALE=1, or `reproduce` it), unrecorded (stored before code "
-                                   "records), unfinished or unreadable.")
+                                   "figures/) and reports each one's status: current (every semantic unit it "
+                                   "recorded is at the version it recorded), stale (a unit's version was bumped or "
+                                   "its checkpoint changed since: rerun grids with FTTA_RERUN_STALE=1, or "
+                                   "`reproduce` it), uncertified (today's implementation of a unit it recorded is "
+                                   "not certified: `units certify`), unrecorded (stored before code records), "
+                                   "unfinished or unreadable.")
     p.add_argument("folders", nargs="*", type=Path, default=[Path("figures")])
-    p.add_argument("--list", choices=["stale", "unfinished", "unreadable", "all"],
+    p.add_argument("--list", choices=["stale", "uncertified", "unfinished", "unreadable", "all"],
                    help="also list the runs with this status")
     p.add_argument("--migrate", action="store_true",
-                   help="first rewrite records stored with one hash per module as definition records, reading the "
-                        "modules' past sources from git, and re-scope study records to what their rule records "
-                        "today (record_migration); prints what it did as JSON")
+                   help="first rewrite former code records: one hash per module as definition records (reading "
+                        "the modules' past sources from git), then current definition records as semantic unit "
+                        "records (record_migration); prints what it did as JSON")
     p.set_defaults(func=cmd_runs)
+
+
+def _add_units(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("units", help="the semantic units stored runs record: versions, certification, bumps",
+                       description="Lists every semantic unit (ftta_core.units) with its version, whether today's "
+                                   "implementation is certified in ftta_core/units.lock.json, and its oracle tests. "
+                                   "certify NAME...: run each unit's oracle tests and, when they pass, certify "
+                                   "today's implementation (stored runs stay current); --changed: every uncertified "
+                                   "unit. bump NAME: a change of meaning (version + 1): every stored run that "
+                                   "recorded the unit turns stale.")
+    p.add_argument("action", nargs="?", choices=["list", "check", "certify", "bump"], default="list")
+    p.add_argument("names", nargs="*", help="units (certify, bump)")
+    p.add_argument("--changed", action="store_true", help="certify: every unit whose implementation is not certified")
+    p.set_defaults(func=cmd_units)
+
+
+def cmd_units(args: argparse.Namespace) -> int:
+    from . import units
+
+    try:
+        if args.action == "list":
+            import pandas as pd
+
+            print(pd.DataFrame(units.status_table()).to_string(index=False))
+            return 0
+        if args.action == "check":
+            missing = units.uncertified()
+            print("every unit's implementation is certified" if not missing else
+                  f"not certified: {', '.join(missing)} (python -m ftta_core units certify --changed, or bump)")
+            return 1 if missing else 0
+        if args.action == "certify":
+            names = units.uncertified() if args.changed else args.names
+            if not names:
+                print("nothing to certify")
+                return 0
+            tests = sorted({t for name in names for t in units.oracles_of(name)})
+            print(f"{', '.join(names)}: running their oracles ({' '.join(tests)}) ...", flush=True)
+            added = units.certify(names)
+            for name in names:
+                print(f"{name}: certified {added[name]}" if name in added else f"{name}: already certified")
+            return 0
+        if not args.names:
+            print("error: units bump needs the names of the units whose meaning changed", file=sys.stderr)
+            return 2
+        for name in args.names:
+            print(f"{name}: version {units.bump(name)} (stored runs that recorded it are now stale)")
+        return 0
+    except units.UnitError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _refused(paths: Sequence[Path], usable, what: str) -> bool:
@@ -694,7 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "workbook. Every command has --help.")
     # CommandParser: a command's config options (cli_config) are generated when it is used, after its plugins load
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
-    for add in (_add_run, _add_runs, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
+    for add in (_add_run, _add_runs, _add_units, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
                 _add_tta_grad_cells,
                 _add_run_plan, _add_reproduce, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
         add(sub)

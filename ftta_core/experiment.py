@@ -301,7 +301,7 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
                                                   "torch": torch.__version__, "numpy": np.__version__,
                                                   "python": platform.python_version()},
             "device": device, "wall_time_s": round(wall_s, 2), "threads": torch.get_num_threads(),
-            "server_threads": server_threads, "code": code or code_record(cfg.local, cfg.strategy)}
+            "server_threads": server_threads, "code": code or code_record(cfg.local, cfg.strategy, cfg)}
 
 
 def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,
@@ -330,7 +330,7 @@ def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, d
          stream: Optional[Stream], server_threads: Optional[int]) -> Results:
     """``run_experiment``'s loop (with ``writer``: resumed from and committed to its folder)."""
 
-    code = code_record(cfg.local, cfg.strategy)  # the code as it is when the run starts
+    code = code_record(cfg.local, cfg.strategy, cfg)  # the code as it is when the run starts
     with build_run(cfg, stream=stream, data_root=data_root, server_threads=server_threads) as run:
         engine, recorder = run.engine, run.recorder()
         start = 0

@@ -132,10 +132,10 @@ def record_scope(cfg: ExperimentConfig) -> Dict:
     orchestration changes no leakage number)."""
     from .build import code_record
     from .runstore import code_record_of
+    from .units import merge_records
 
-    record = code_record(cfg.local, cfg.strategy)
-    record["definitions"].update(code_record_of([], [f"{__name__}:{name}" for name in RECORDED])["definitions"])
-    return record
+    return merge_records(code_record(cfg.local, cfg.strategy, cfg),
+                         code_record_of([], [f"{__name__}:{name}" for name in RECORDED]))
 
 
 def is_record(data: object) -> bool:

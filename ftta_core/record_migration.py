@@ -9,14 +9,13 @@ record says exactly what the legacy one said, only finer. A module whose source 
 uncommitted edit) keeps its whole-module hash under ``runstore.LEGACY_KEY``; modules in ``runstore.RECORD_EXEMPT``
 are dropped (the record keeping is not recorded). Run by ``python -m ftta_core runs --migrate``.
 
-The same command re-scopes study records whose recording rule was narrowed (``rescope_record``). A FedICON result
-(``fedicon.study.record_scope``), a stored leakage table (``leakage.record_scope``) or a FedAvg+FT reading
-(``fedtsa.ft_forward.record_scope``) made before its rule left out reporting modules held their definitions too:
-FedICON's reporting module imports the workbook, so an edit of the workbook's run orchestration turned every FedICON
-result stale; an earlier ``ft_forward`` imported ``fidelity``, so every reporting function there was in its readings.
-Re-scoping keeps exactly the recorded definitions that today's rule records (and any its module no longer has) and
-drops the others, hashes untouched: the record then says what a record made now says, and a result whose computing
-code changed stays stale.
+The same command then rewrites each definition record that is current as a **semantic unit record**
+(``to_unit_record``, ``ftta_core.units``): the units its definitions belong to, narrowed to the ones a record made now
+would name (a study record's ``study_scope``: FedICON's results, a leakage table, a FedAvg+FT reading; a run's
+``build.code_record`` of its config: a CIFAR run no longer names the Office loader), at version 1, with the
+implementation the lock certified first. A stale definition record stays as it is, and stale. The stored runs under
+``figures/`` were migrated this way on 2026-12-02 from the commit they were current at (c9857d8): 762 current runs
+became 762 current unit records, the unrecorded stayed unrecorded.
 """
 from __future__ import annotations
 
@@ -129,26 +128,6 @@ def _records_in(data: Any) -> Iterator[Dict[str, Any]]:
             yield from _records_in(value)
 
 
-def rescope_record(record: Dict[str, Any], scope: Dict[str, Any]) -> Dict[str, Any]:
-    """``record`` (a definition record) keeping only the definitions that ``scope`` (the record today's rule
-    writes, e.g. ``fedicon.study.record_scope()``) holds, with their recorded hashes; ``record`` itself when
-    nothing is dropped. A recorded definition that its module no longer has is kept: it was used and is gone, so
-    the record stays stale."""
-    if "definitions" not in record:
-        return record
-
-    def kept_key(module: str, key: str) -> bool:
-        current = runstore.module_definitions(module)
-        return key in scope["definitions"][module] or (current is not None and key not in current)
-
-    kept = {module: {key: digest for key, digest in recorded.items() if kept_key(module, key)}
-            for module, recorded in record["definitions"].items() if module in scope["definitions"]}
-    kept = {module: recorded for module, recorded in kept.items() if recorded}
-    if kept == record["definitions"]:
-        return record
-    return {**record, "definitions": kept}
-
-
 def study_scope(data: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     """The code record today's rule writes for the study record ``data`` (FedICON result, stored leakage table,
     FedAvg+FT reading), None for any other document."""
@@ -166,10 +145,12 @@ def study_scope(data: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     return None
 
 
-def migrate_file(path: Path, sources: GitSources) -> Tuple[bool, List[str]]:
-    """Rewrite the legacy code records of one stored JSON file in place (atomically, layout kept), then re-scope it
-    if it is a study record (``study_scope``); returns whether it changed and the names kept as whole-module
-    hashes."""
+def migrate_file(path: Path, sources: GitSources, on: Optional[str] = None) -> Tuple[bool, List[str]]:
+    """Rewrite the legacy code records of one stored JSON file in place (atomically, layout kept): whole-module
+    records as definition records, then a definition record that is current as a unit record (``to_unit_record``;
+    a stale one stays as it is, and stale). Returns whether it changed and the names kept as whole-module hashes."""
+    import datetime
+
     text = path.read_text()
     try:
         data = json.loads(text)
@@ -181,11 +162,10 @@ def migrate_file(path: Path, sources: GitSources) -> Tuple[bool, List[str]]:
         if new is not holder["code"]:
             holder["code"], changed = new, True
             missing += lost
-    scope = study_scope(data) if isinstance(data, dict) and isinstance(data.get("code"), dict) else None
-    if scope is not None:
-        new = rescope_record(data["code"], scope)
-        if new is not data["code"]:
-            data["code"], changed = new, True
+    code = data.get("code") if isinstance(data, dict) else None
+    if isinstance(code, dict) and "definitions" in code and runstore.stale_modules(code) == []:
+        data["code"] = to_unit_record(data, on or datetime.date.today().isoformat(), sources)
+        changed = True
     if changed:
         indent = 2 if text.startswith('{\n  "') else 1
         runstore.atomic_write_text(path, runstore.dumps_summary(data, indent) + ("\n" if text.endswith("\n") else ""))
@@ -208,3 +188,90 @@ def migrate(roots: List[Path], sources: Optional[GitSources] = None) -> Dict[str
                 missing[name] = missing.get(name, 0) + 1
     return {"files": files, "migrated": changed, "kept_whole": {k.replace(PACKAGE + ".", ""): v
                                                                 for k, v in sorted(missing.items())}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# definition records -> semantic unit records (``ftta_core.units``)
+
+def units_of_definitions(record: Dict[str, Any]) -> List[str]:
+    """The units a definition record's definitions belong to (``units.unit_of``), those the lock holds."""
+    from . import units
+
+    lock = units.read_lock()
+    found = {units.unit_of(module, key) for module, recorded in record.get("definitions", {}).items()
+             for key in recorded if key != LEGACY_KEY}
+    return sorted(u for u in found if u is not None and u in lock["units"])
+
+
+def scope_units(data: Dict[str, Any]) -> Optional[List[str]]:
+    """The units a record made now of the same result would name (a study record's ``study_scope``, a run's
+    ``build.code_record`` of its config), None when neither applies."""
+    from .build import code_record
+    from .experiment import ExperimentConfig
+
+    scope = study_scope(data)
+    if scope is None and isinstance(data.get("config"), dict) and "local" in data["config"]:
+        try:
+            cfg = ExperimentConfig.from_dict(data["config"])
+        except ValueError:  # a method of a plugin not loaded here: its record names the package's units only
+            return None
+        scope = code_record(cfg.local, cfg.strategy, cfg)
+    return None if scope is None else sorted(scope["units"])
+
+
+def _checkpoint_unchanged_since(commit: Optional[str], name: str, sources: GitSources) -> bool:
+    """Whether source checkpoint ``name`` is the same file today as at ``commit`` (git history of its file)."""
+    if not commit:
+        return False
+    path = f"data/checkpoints/{name}.pt"
+    try:
+        return sources._git("log", "--format=%H", f"{commit}..HEAD", "--", path).strip() == "" and \
+            sources._git("cat-file", "-e", f"{commit}:{path}") == ""
+    except subprocess.CalledProcessError:
+        return False
+
+
+def to_unit_record(data: Dict[str, Any], on: str, sources: Optional[GitSources] = None) -> Dict[str, Any]:
+    """The unit record (``units.record_for``'s form) of a stored document whose definition record was current
+    when migrated: the units its definitions belong to, narrowed to those a record made now would name
+    (``scope_units``: a CIFAR run no longer names the Office loader), each at version 1 with the implementation the
+    lock certified first (the code the run was current with), its source checkpoint by digest when that file has
+    not changed since the run's commit, and a ``migrated`` note."""
+    from . import units
+
+    record = data["code"]
+    lock = units.read_lock()
+    found = set(units_of_definitions(record))
+    scope = scope_units(data)
+    if scope is not None:
+        found &= set(scope)
+    out: Dict[str, Any] = {"units": {u: lock["units"][u]["version"] for u in sorted(found)},
+                           "implementation": {u: lock["units"][u]["certified"][0] for u in sorted(found)}}
+    config = data.get("config") if isinstance(data.get("config"), dict) else None
+    if config is not None and "dataset" in config:
+        from .experiment import DATASET_DEFAULTS
+
+        name = config.get("model") or DATASET_DEFAULTS[config["dataset"]]["model"]
+        if _checkpoint_unchanged_since(record.get("git"), name, sources or GitSources()):
+            out["inputs"] = units.checkpoint_input(name)
+    out["git"] = record.get("git")
+    out["migrated"] = {"from": "definition record", "on": on}
+    return out
+
+
+def migrate_to_units(paths: List[Path], on: str) -> Dict[str, Any]:
+    """Rewrite the definition records of the stored documents ``paths`` (each one current by the definition rule:
+    the caller says which) as unit records (``to_unit_record``), atomically, layout kept; returns counts."""
+    sources = GitSources()
+    done = 0
+    for path in paths:
+        text = path.read_text()
+        data = json.loads(text)
+        if not (isinstance(data, dict) and isinstance(data.get("code"), dict) and "definitions" in data["code"]):
+            continue
+        data["code"] = to_unit_record(data, on, sources)
+        indent = 2 if text.startswith('{\n  "') else 1
+        runstore.atomic_write_text(path, json.dumps(data, indent=indent, default=float)
+                                   + ("\n" if text.endswith("\n") else ""))
+        done += 1
+    return {"files": len(paths), "migrated": done}

@@ -23,31 +23,23 @@ A run folder is locked while a process writes it (``RunLock``, ``flock``): a sec
 at once with one line. A folder holding a finished run of another config is never overwritten unless asked
 (``overwrite=True``, ``run --overwrite``); a finished run of the same config is read back, not run again.
 
-**Code records.** Every summary records the code that made it (``code_record_of``; a simulated run's record is
-``build.code_record``): the modules the run depends on (the local method's and strategy's modules and what they
-import, the loop, engine, stream, scenarios, corruptions, models, data loaders, ``build`` and ``experiment``'s run
-functions), each as a hash per **top-level definition** (``definition_hashes``): a function or class by its name, a
-constant or import by the name it binds, each entry of a registry written as a dict literal (``NAME = {"key": ...}``)
-as ``NAME['key']``, and every other top-level statement together as ``<module>`` (``__all__`` left out: the package
-has no star import); hashed from the syntax tree
-without docstrings, so comments, docstrings and formatting do not count. ``run_status`` says whether a stored run is
-``current``, ``stale`` (a definition it recorded changed or is gone: ``stale_modules`` names them) or
-``unrecorded`` (stored before records existed). Grids never reuse a stale run silently: they warn and, with
-``FTTA_RERUN_STALE=1``, run it again.
+**Code records.** Every summary records what made it (``code_record_of``; a simulated run's record is
+``build.code_record``): the **semantic units** (``ftta_core.units``) of the modules the run depends on (the local
+method's and strategy's modules and what they import, the loop, engine, stream, scenarios, corruptions, the data
+loader and model architecture it used, ``build`` and ``experiment``'s run functions), each at its version, with
+their implementation hashes as information, the source checkpoint's digest and the git commit. ``run_status`` says
+whether a stored run is ``current`` (every unit at the version it recorded, the checkpoint unchanged), ``stale`` (a
+unit's version was bumped: its meaning changed; ``stale_modules`` names them as ``unit@1->2``), ``uncertified``
+(today's implementation of a unit it recorded is not certified by its oracles: ``python -m ftta_core units``) or
+``unrecorded`` (stored before records existed). A faster kernel, a fix of reporting code or a move of code to another
+module keeps every run current once its oracle tests certify it; grids never reuse a stale run silently: they warn
+and, with ``FTTA_RERUN_STALE=1``, run it again. Imports under ``if TYPE_CHECKING:`` are not followed (they run
+nothing), nor the imports of ``UNFOLLOWED`` registries (a run records the loader it used, not all of them).
 
-What a definition record assumes: code that ran could only use the names that existed when it ran, so a *new*
-function, class, constant or registry entry leaves every stored run current (the workbook grows without turning its
-results stale), while editing or removing anything a run's modules define makes it stale. Two cases a new name can
-still matter are caught: a new top-level name that shadows a builtin, and new statements outside definitions
-(``<module>``). Not caught: code that iterates over a whole registry or looks names up by string (``getattr``) in a
-way that changes numbers; the workbook's run code does neither. The record-keeping code itself (this module,
-``RECORD_EXEMPT``) is not recorded: it stores and checks runs and computes no number of theirs; nor are the few
-definitions in ``UNRECORDED_DEFINITIONS`` (writing and describing source checkpoints), which no run calls.
-
-Records written before definitions were recorded hold one hash per module (``{"modules": ...}``);
-``python -m ftta_core runs --migrate`` rewrites them (``record_migration``) by finding, in the git history, the
-module source whose hash they recorded; a module whose source is not found keeps its whole-module hash
-(``LEGACY_KEY``), checked as before.
+Former records are still read: one hash per module (``{"modules": ...}``) and one hash per top-level definition
+(``{"definitions": ...}``, ``definition_hashes``; stale when a recorded definition's text changed).
+``python -m ftta_core runs --migrate`` rewrites both (``record_migration``): whole-module records into definition
+records by finding the recorded source in the git history, and current definition records into unit records.
 """
 from __future__ import annotations
 
@@ -64,17 +56,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
 
+from .codegraph import (MODULE_KEY, PACKAGE, PACKAGE_DIR, UNFOLLOWED, UNRECORDED_NAMES, definition_hashes,  # noqa: F401
+                        dependencies, function_hash, module_definitions, module_hash, source_hash)
+
 log = logging.getLogger(__name__)
 
-PACKAGE = "ftta_core"
-PACKAGE_DIR = Path(__file__).resolve().parent
 RERUN_STALE_ENV = "FTTA_RERUN_STALE"
 # modules never recorded: the record keeping itself (stores and checks runs, computes none of their numbers)
-RECORD_EXEMPT = frozenset({f"{PACKAGE}.runstore", f"{PACKAGE}.record_migration"})
-MODULE_KEY = "<module>"  # the key of a module's top-level statements that are not definitions
-# names never recorded: ``__all__`` only decides what ``from m import *`` binds, and the package has no star import
-# (tests/test_code_records.py checks it), so listing a new function there changes no run
-UNRECORDED_NAMES = frozenset({"__all__"})
+RECORD_EXEMPT = frozenset({f"{PACKAGE}.{m}" for m in ("runstore", "record_migration", "units", "codegraph")})
 # single definitions never recorded: code that writes or describes a source checkpoint and its card, beside the code
 # that trains and loads it; no run calls them (tests/test_code_records.py runs an experiment with them disabled);
 # and a study's own record keeping (what its records name, which stored documents are its records)
@@ -183,191 +172,21 @@ class RunLock:
 # ---------------------------------------------------------------------------------------------------------------
 # code records
 
-def _strip_docstrings(tree: ast.AST) -> ast.AST:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
-                and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return tree
-
-
-def source_hash(source: str) -> str:
-    """A short hash of Python ``source``'s syntax tree without docstrings (comments and layout do not count)."""
-    tree = _strip_docstrings(ast.parse(source))
-    return hashlib.sha256(ast.dump(tree, include_attributes=False).encode()).hexdigest()[:16]
-
-
-def _module_file(name: str) -> Optional[Path]:
-    with contextlib.suppress(ImportError, ValueError, AttributeError):
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin and spec.origin.endswith(".py"):
-            return Path(spec.origin)
-    return None
-
-
-def _is_package(name: str) -> bool:
-    path = _module_file(name)
-    return path is not None and path.name == "__init__.py"
-
-
-def _package_modules(name: str) -> List[str]:
-    """Every module of package ``name`` (its ``__init__`` excluded), recursively."""
-    folder = PACKAGE_DIR.joinpath(*name.split(".")[1:])
-    return sorted(f"{name}.{'.'.join(p.relative_to(folder).with_suffix('').parts)}"
-                  for p in folder.rglob("*.py") if p.name != "__init__.py")
-
-
-def _imports(name: str, path: Path) -> Set[str]:
-    """The ``ftta_core`` modules ``name`` imports (at any level). Package ``__init__`` modules are not followed:
-    they are registries that re-export every method (a run depends on the methods it uses, not on all of them)."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found: Set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        targets: List[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1])
-                base = f"{base}.{node.module}" if node.module else base
-            else:
-                base = node.module or ""
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        for t in targets:
-            if t.startswith(PACKAGE + ".") and _module_file(t) is not None and not _is_package(t):
-                found.add(t)
-    return found
-
-
-@lru_cache(maxsize=None)
-def _module_hash(name: str, mtime_ns: int) -> str:
-    path = _module_file(name)
-    return source_hash(path.read_text())
-
-
-def module_hash(name: str) -> Optional[str]:
-    """The current ``source_hash`` of module ``name`` (None if it no longer exists)."""
-    path = _module_file(name)
-    if path is None:
-        return None
-    return _module_hash(name, path.stat().st_mtime_ns)
-
-
-def dependencies(roots: Iterable[str]) -> List[str]:
-    """``roots`` (modules, or packages meaning all their modules) and the ``ftta_core`` modules they import,
-    transitively (``_imports``), sorted. The import graph is read once per process and set of roots."""
-    return list(_dependencies(tuple(sorted(set(roots)))))
-
-
-@lru_cache(maxsize=None)
-def _dependencies(roots: tuple) -> tuple:
-    todo: List[str] = []
-    for r in roots:
-        todo += _package_modules(r) if _is_package(r) else [r]
-    seen: Set[str] = set()
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        path = _module_file(name)
-        if path is None:
-            continue
-        seen.add(name)
-        todo += sorted(_imports(name, path) - seen)
-    return tuple(sorted(seen))
-
-
-def function_hash(qualified: str) -> Optional[str]:
-    """The current hash of a module-level function named ``"package.module:function"`` (None if gone), as a
-    definition record holds it."""
-    module, _, name = qualified.partition(":")
-    return (module_definitions(module) or {}).get(name)
-
-
-def _bound_names(stmt: ast.stmt) -> List[str]:
-    """The names a top-level statement binds (definitions, imports, assignments to names); [] for any other."""
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [stmt.name]
-    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-        if any(a.name == "*" for a in stmt.names):
-            return []
-        return [a.asname or a.name.split(".")[0] for a in stmt.names]
-    targets = stmt.targets if isinstance(stmt, ast.Assign) else (
-        [stmt.target] if isinstance(stmt, (ast.AnnAssign, ast.AugAssign)) else [])
-    names: List[str] = []
-    for target in targets:
-        for node in ast.walk(target):
-            if isinstance(node, (ast.Attribute, ast.Subscript)):
-                return []  # assigns into an object: a statement of the module, not a binding
-            if isinstance(node, ast.Name):
-                names.append(node.id)
-    return names
-
-
-def _registry_entries(stmt: ast.stmt) -> Optional[Dict[str, str]]:
-    """A dict literal with constant keys bound to one name (``NAME = {"a": A, ...}``): its entries as
-    ``{"NAME['a']": source}``; None for any other statement."""
-    target = stmt.targets[0] if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 else (
-        stmt.target if isinstance(stmt, ast.AnnAssign) else None)
-    value = getattr(stmt, "value", None)
-    if not (isinstance(target, ast.Name) and isinstance(value, ast.Dict) and value.keys
-            and all(isinstance(k, ast.Constant) for k in value.keys)):
-        return None
-    return {f"{target.id}[{k.value!r}]": f"{target.id}[{k.value!r}] = {ast.unparse(v)}"
-            for k, v in zip(value.keys, value.values)}
-
-
-def definition_hashes(source: str) -> Dict[str, str]:
-    """``source``'s top-level definitions, each hashed (``source_hash``): functions and classes by name, imports and
-    assignments by the names they bind (each imported name on its own; a name bound twice hashes both
-    statements), a dict literal with constant keys bound to a name entry by entry (``NAME['key']``), and the
-    remaining statements together as ``<module>`` (always present, so a first such statement is a change).
-    Docstrings, including bare strings between statements, and ``UNRECORDED_NAMES`` do not count."""
-    parts: Dict[str, List[str]] = {MODULE_KEY: []}
-    for stmt in ast.parse(source).body:
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
-            continue
-        entries = _registry_entries(stmt)
-        if entries is not None:
-            for key, text in entries.items():
-                parts.setdefault(key, []).append(text)
-            continue
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)) and _bound_names(stmt):
-            for alias in stmt.names:  # one import per name: importing one more name changes no other
-                single = (ast.Import(names=[alias]) if isinstance(stmt, ast.Import) else
-                          ast.ImportFrom(module=stmt.module, names=[alias], level=stmt.level))
-                parts.setdefault(alias.asname or alias.name.split(".")[0], []).append(ast.unparse(single))
-            continue
-        names = _bound_names(stmt)
-        if names and set(names) <= UNRECORDED_NAMES:
-            continue
-        for name in names or [MODULE_KEY]:
-            parts.setdefault(name, []).append(ast.unparse(stmt))
-    return {key: source_hash("\n".join(texts)) for key, texts in parts.items()}
-
-
-def module_definitions(name: str) -> Optional[Dict[str, str]]:
-    """The current ``definition_hashes`` of module ``name`` (None if it no longer exists)."""
-    path = _module_file(name)
-    if path is None:
-        return None
-    return dict(_definitions_at(name, path.stat().st_mtime_ns))
-
-
-@lru_cache(maxsize=None)
-def _definitions_at(name: str, mtime_ns: int) -> tuple:
-    return tuple(definition_hashes(_module_file(name).read_text()).items())
-
-
-def code_record_of(roots: Sequence[str], functions: Sequence[str] = ()) -> Dict[str, Any]:
+def code_record_of(roots: Sequence[str], functions: Sequence[str] = (),
+                   inputs: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """The code record of results that depend on the modules ``roots`` (full names; packages mean all their
     modules) and what they import, e.g. FedICON's ``["ftta_core.fedicon", "ftta_core.models"]``, and on the single
-    ``functions`` (``"package.module:function"``) of modules that are otherwise reporting code: the
-    ``definition_hashes`` of each module (``RECORD_EXEMPT`` left out), plus the git commit when the package is a
-    git checkout."""
+    ``functions`` (``"package.module:function"``) of modules that are otherwise reporting code: the semantic units
+    they belong to at their versions (``units.record_for``), the units' implementation hashes, ``inputs`` (source
+    checkpoints by digest) and the git commit when the package is a git checkout."""
+    from .units import record_for
+
+    return record_for(dependencies(roots), functions, inputs, _git_commit())
+
+
+def definition_record_of(roots: Sequence[str], functions: Sequence[str] = ()) -> Dict[str, Any]:
+    """The former code record (before semantic units): the ``definition_hashes`` of every module of ``roots`` and
+    what they import, and of the single ``functions``. Kept to read and migrate records stored in that form."""
     definitions: Dict[str, Dict[str, str]] = {}
     for name in dependencies(roots):
         current = module_definitions(name)
@@ -415,9 +234,15 @@ def _git_commit() -> Optional[str]:
 
 
 def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
-    """What a record names that changed since: ``module:definition`` for each recorded definition whose code
+    """What a record names that changed since; None when nothing was recorded. A unit record (``units``): each
+    unit whose version changed (``unit@1->2``, ``->gone``) and each input whose digest changed (``units
+    .changed_units``). A former definition record: ``module:definition`` for each recorded definition whose code
     changed or is gone, ``module:name`` for a new top-level name shadowing a builtin, ``module`` for a module gone
-    or (whole-module records) changed; None when nothing was recorded."""
+    or (whole-module records) changed."""
+    from .units import changed_units, is_unit_record
+
+    if is_unit_record(record):
+        return changed_units(record)
     if not record or ("modules" not in record and "definitions" not in record):
         return None
     if "definitions" not in record:  # a record stored before definitions were recorded
@@ -441,11 +266,20 @@ def stale_modules(record: Optional[Dict[str, Any]]) -> Optional[List[str]]:
 
 
 def run_status(summary: Dict[str, Any]) -> str:
-    """'current', 'stale' (code it depends on changed) or 'unrecorded' (stored before code records existed)."""
-    changed = stale_modules(summary.get("code"))
+    """'current', 'stale' (a unit it recorded changed version, or its checkpoint changed; former records: code it
+    depends on changed), 'uncertified' (today's implementation of a unit it recorded is not certified: certify it
+    or bump its version, ``python -m ftta_core units``) or 'unrecorded' (stored before code records existed)."""
+    from .units import is_unit_record, uncertified_in
+
+    record = summary.get("code")
+    changed = stale_modules(record)
     if changed is None:
         return "unrecorded"
-    return "stale" if changed else "current"
+    if changed:
+        return "stale"
+    if is_unit_record(record) and uncertified_in(record):
+        return "uncertified"
+    return "current"
 
 
 def rerun_stale() -> bool:

@@ -50,7 +50,7 @@ def resumable_run(cfg: ExperimentConfig, folder: Path, progress: bool = False) -
         known = json.loads(mark.read_text()) if mark.exists() else None
         if known is None or stale_modules(known):
             RunWriter(folder, cfg).clear()
-            known = code_record(cfg.local, cfg.strategy)
+            known = code_record(cfg.local, cfg.strategy, cfg)
             atomic_write_text(mark, json.dumps(known))
     res = run_experiment(cfg, out=folder, progress=progress)
     changed = stale_modules(known)
@@ -567,7 +567,7 @@ def reproduce(path: Path | str, atol: float = 0.0, device: Optional[str] = None,
             "former_changed": sorted(stale_modules(former) or []) if former else "unrecorded"}
     status = "differs" if differences else "reproduced"
     if not differences and update:
-        store_summary(path, {**summary, "code": code_record(cfg.local, cfg.strategy),
+        store_summary(path, {**summary, "code": code_record(cfg.local, cfg.strategy, cfg),
                              "reproduced": [*summary.get("reproduced", []), note]})
     elif differences and update and replace:
         former_numbers = {k: summary[k] for k in ("accuracy", "accuracy_local") if k in summary}

@@ -9,6 +9,18 @@ from ftta_core.contract import assert_runs_agree, shifted_batches  # noqa: F401 
 from ftta_core.training import load_source_model
 
 
+# test files that start servers or processes (Flower, Ray, JupyterLab, notebook runs): left out by `make test-fast`
+SLOW_FILES = frozenset({"test_flower.py", "test_flower_deployment.py", "test_flower_faults.py", "test_ray_plan.py",
+                        "test_lab.py", "test_notebook_runs.py", "test_plan.py", "test_plugins.py"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of ``SLOW_FILES`` ``slow`` (``pytest -m "not slow"``: ``make test-fast``)."""
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def digits_model():
     """The committed embedded-digits source CNN (BatchNorm, 16x16 inputs)."""
@@ -37,3 +49,24 @@ def _partial_runs_in_tmp(tmp_path_factory):
         os.environ.pop("FTTA_PARTIAL_DIR", None)
     else:
         os.environ["FTTA_PARTIAL_DIR"] = before
+
+
+@pytest.fixture
+def certified_as_is(tmp_path_factory, monkeypatch):
+    """A unit lock that certifies today's implementation of every unit (``FTTA_UNITS_LOCK``, also seen by worker
+    processes): for tests of the run store, which must not depend on whether the tree's changes are certified yet
+    (certification itself: ``tests/test_units.py``, on the committed lock)."""
+    import json
+
+    from ftta_core import units
+
+    lock = json.loads(units.LOCK_PATH.read_text())
+    for unit in units.every_unit():
+        entry = lock["units"].setdefault(unit, {"version": 1, "certified": []})
+        digest = units.implementation_hash(unit)
+        if digest not in entry["certified"]:
+            entry["certified"].append(digest)
+    path = tmp_path_factory.mktemp("units") / "units.lock.json"
+    units.write_lock(lock, path)
+    monkeypatch.setenv(units.LOCK_ENV, str(path))
+    return path

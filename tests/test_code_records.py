@@ -1,6 +1,7 @@
-"""Definition code records: what turns a stored run stale (an edited or removed definition, a new builtin-shadowing
-name, a new module statement) and what does not (a new function, registry entry or imported name), and the
-migration of whole-module records through the git history."""
+"""Former code records, still read: definition records (what turned a stored run stale: an edited or removed
+definition, a new builtin-shadowing name, a new module statement; what did not: a new function, registry entry or
+imported name), the migration of whole-module records through the git history, and of current definition records to
+semantic unit records (``ftta_core.units``; the unit records themselves: ``tests/test_units.py``)."""
 import ast
 import json
 import subprocess
@@ -109,10 +110,11 @@ def test_migration_finds_the_recorded_source_in_git_and_keeps_unknown_ones_whole
 
 
 def test_a_summary_with_a_definition_record_is_written_one_line_per_module():
-    from ftta_core.build import code_record
-    from ftta_core.runstore import dumps_summary
+    from ftta_core.build import RUN_ROOTS
+    from ftta_core.runstore import definition_record_of, dumps_summary
 
-    summary = {"accuracy": 70.0, "config": {"seed": 0}, "code": code_record("bn", "fedavg")}
+    record = definition_record_of([f"{runstore.PACKAGE}.{r}" for r in RUN_ROOTS])
+    summary = {"accuracy": 70.0, "config": {"seed": 0}, "code": record}
     text = dumps_summary(summary)
     assert json.loads(text) == summary
     assert len(text.splitlines()) < 20 + len(summary["code"]["definitions"])
@@ -131,22 +133,19 @@ def test_exports_are_not_recorded_and_the_package_has_no_star_import(monkeypatch
 
 
 def test_checkpoint_writing_definitions_are_not_recorded_and_no_run_calls_them(monkeypatch, tmp_path):
-    """``UNRECORDED_DEFINITIONS`` (writing and describing source checkpoints) are left out of records and out of the
-    staleness check, which is sound only while no run calls them: an experiment runs with each of them disabled."""
+    """The ``units.NON_SEMANTIC`` definitions of ``training`` (writing and describing source checkpoints) belong to
+    no unit, which is sound only while no run calls them: an experiment runs with each of them disabled, and its
+    record names the source-model unit and the checkpoint it loaded by digest."""
     import ftta_core.training as training
-    from ftta_core.build import code_record
+    from ftta_core import units
     from ftta_core.experiment import ExperimentConfig, run_experiment
 
-    exempt = runstore.UNRECORDED_DEFINITIONS[f"{runstore.PACKAGE}.training"]
-    record = code_record("bn", "fedavg")["definitions"][f"{runstore.PACKAGE}.training"]
-    assert not exempt & record.keys() and "load_source_model" in record
-    edited = {"definitions": {f"{runstore.PACKAGE}.training": {**record, "save_checkpoint": "an older version"}}}
-    assert stale_modules(edited) == []
-    assert stale_modules({"definitions": {f"{runstore.PACKAGE}.training": {**record, "load_source_model": "x"}}}) \
-        == [f"{runstore.PACKAGE}.training:load_source_model"]
+    exempt = units.NON_SEMANTIC["training"]
+    members = units.unit_members("source_models")
+    assert not {m.split(":")[1] for m in members} & exempt and "training:load_source_model" in members
 
     def disabled(*args, **kwargs):
-        raise AssertionError("a run called a definition its code record leaves out")
+        raise AssertionError("a run called a definition that belongs to no unit")
 
     for name in exempt:
         if callable(getattr(training, name)):
@@ -156,7 +155,9 @@ def test_checkpoint_writing_definitions_are_not_recorded_and_no_run_calls_them(m
                            device="cpu", max_steps=2)
     results = run_experiment(cfg, out=tmp_path / "run")  # loads the shipped source model, adapts, mixes
     assert results.summary["n_predictions"] == 2 * 4 * 4
-    assert not exempt & results.summary["code"]["definitions"][f"{runstore.PACKAGE}.training"].keys()
+    code = results.summary["code"]
+    assert "source_models" in code["units"] and "checkpoint:resnet8_cifar10" in code["inputs"]
+    assert "data.office" not in code["units"] and "models.cnn" not in code["units"]  # only what the run used
 
 
 def test_a_source_checkpoint_and_its_card_are_written_whole_and_the_card_names_its_images(tmp_path):
@@ -179,41 +180,32 @@ def test_a_source_checkpoint_and_its_card_are_written_whole_and_the_card_names_i
     assert "trained on `cifar10` (first 4,000 images of the train split)" in render_cards(tmp_path)
 
 
-def test_study_records_name_their_computing_code_and_a_narrowed_rule_rescopes_old_records(tmp_path):
-    """A FedICON result and a stored leakage table record the code that computes them, not the reporting code that
-    imports the workbook (an edit of the workbook's run orchestration once turned every FedICON result stale);
-    ``runs --migrate`` re-scopes a record written under the wider rule: it drops what today's rule leaves out and
-    keeps the recorded hashes, so a result whose computing code changed stays stale."""
-    from ftta_core import leakage
+def test_study_records_name_their_computing_code_and_current_definition_records_migrate_to_units(tmp_path):
+    """A FedICON result and a stored leakage table record the units that compute them, not the reporting code that
+    imports the workbook; ``runs --migrate`` rewrites a current definition record as the unit record a record made
+    now would hold (narrowed to today's scope), and leaves a stale one as it is (and stale)."""
+    from ftta_core import leakage, units
     from ftta_core.experiment import ExperimentConfig
     from ftta_core.fedicon import study
-    from ftta_core.record_migration import rescope_record
+    from ftta_core.runstore import definition_record_of
 
-    pkg = runstore.PACKAGE
     scope = study.record_scope()
-    assert f"{pkg}.fedicon.training" in scope["definitions"] and f"{pkg}.fedicon.adaptation" in scope["definitions"]
-    assert f"{pkg}.workbook" not in scope["definitions"] and f"{pkg}.fedicon.report" not in scope["definitions"]
+    assert {"fedicon.training", "fedicon.adaptation"} <= scope["units"].keys()
+    assert "workbook" not in scope["units"] and "fedicon.report" not in scope["units"]
     cfg = ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", clients=4, local="bn", strategy="fedctta")
     leak = leakage.record_scope(cfg)
-    assert f"{pkg}.workbook" not in leak["definitions"]
-    assert set(leak["definitions"][f"{pkg}.leakage"]) == set(leakage.RECORDED)
-    assert f"{pkg}.strategies.fedctta" in leak["definitions"]
+    assert "workbook" not in leak["units"] and {"leakage", "strategies.fedctta"} <= leak["units"].keys()
 
-    wider = {"definitions": {**scope["definitions"], f"{pkg}.workbook": {"run_grid": "an older version"}},
-             "git": "abc"}
-    assert stale_modules(wider) == [f"{pkg}.workbook:run_grid"]
-    narrowed = rescope_record(wider, scope)
-    assert stale_modules(narrowed) == [] and narrowed["git"] == "abc"
-    assert rescope_record(narrowed, scope) is narrowed
-    training = scope["definitions"][f"{pkg}.fedicon.training"]
-    changed = {"definitions": {**wider["definitions"], f"{pkg}.fedicon.training": {**training, "local_update": "old"}}}
-    assert stale_modules(rescope_record(changed, scope)) == [f"{pkg}.fedicon.training:local_update"]
-
-    # stored files: the FedICON result is re-scoped in place; a run summary is not a study record and is left alone
+    current = definition_record_of(list(study.CODE_ROOTS))
+    stale = {**current, "definitions": {**current["definitions"],
+                                        "ftta_core.fedicon.training": {"local_update": "an older version"}}}
     (tmp_path / "r.json").write_text(json.dumps({"setting": {"seed": 0}, "accuracy": {"MNIST": 90.0}, "wall_s": 1.0,
-                                                  "code": wider}, indent=1))
-    (tmp_path / "s.json").write_text(json.dumps({"config": {}, "accuracy": 1.0, "code": wider}, indent=1))
+                                                  "code": current}, indent=1))
+    (tmp_path / "s.json").write_text(json.dumps({"setting": {"seed": 1}, "accuracy": {"MNIST": 91.0}, "wall_s": 1.0,
+                                                  "code": stale}, indent=1))
     assert migrate([tmp_path])["migrated"] == 1
-    assert json.loads((tmp_path / "r.json").read_text())["code"] == narrowed
-    assert json.loads((tmp_path / "s.json").read_text())["code"] == wider
-    assert study.is_record(json.loads((tmp_path / "r.json").read_text()))
+    migrated = json.loads((tmp_path / "r.json").read_text())
+    assert migrated["code"]["units"] == {u: units.version_of(u) for u in scope["units"]}
+    assert migrated["code"]["migrated"]["from"] == "definition record" and stale_modules(migrated["code"]) == []
+    assert json.loads((tmp_path / "s.json").read_text())["code"] == stale
+    assert study.is_record(migrated)

@@ -149,7 +149,7 @@ def test_study_methods_and_cache(tmp_path):
     # each stored result is a study record holding what record_scope says (what `runs --migrate` re-scopes to)
     stored = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert len(stored) == len(methods) and all(is_record(r) for r in stored)
-    assert all(r["code"]["definitions"] == record_scope()["definitions"] for r in stored)
+    assert all(r["code"]["units"] == record_scope()["units"] for r in stored)
     table = method_table(rows, methods)
     assert list(table.columns) == ["c0", "c1", "mean"]
     with pytest.raises(ValueError, match="method"):

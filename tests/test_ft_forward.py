@@ -72,6 +72,7 @@ def test_reading_is_the_reference_clients_second_adapt(digits_model, backend):
     assert differ > 0  # the two readings are not the same predictions
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatch):
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
     cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "contrast"],
@@ -80,19 +81,21 @@ def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatc
                                                        "bn": "running"}, strategy="fedavg_ft")
     plain = run_experiment(cfg)
     import ftta_core.fedtsa.ft_forward as ft_forward
-    from ftta_core.runstore import UNRECORDED_DEFINITIONS
+    from ftta_core.units import NON_SEMANTIC, unit_members
 
-    exempt = UNRECORDED_DEFINITIONS[MODULE]  # left out of records: sound only while a run never calls them
+    # the functions that belong to no unit and tabulate readings: sound only while a reading never calls them (the
+    # record keeping, ``record_scope``, is called: it decides what is recorded, no number)
+    exempt = {n for n in NON_SEMANTIC["fedtsa.ft_forward"] if n.startswith("ft_forward_")}
 
     def disabled(*args, **kwargs):
-        raise AssertionError("a reading called a definition its code record leaves out")
+        raise AssertionError("a reading called a definition that belongs to no unit")
 
     for name in exempt:
         monkeypatch.setattr(ft_forward, name, disabled)
     summary = ft_forward_run(cfg, tmp_path / "run")
-    assert not exempt & summary["code"]["definitions"][MODULE].keys()
+    assert not {m.split(":")[1] for m in unit_members("fedtsa.ft_forward")} & NON_SEMANTIC["fedtsa.ft_forward"]
     assert summary["accuracy"] == plain.summary["accuracy"]
-    assert run_status(summary) == "current" and MODULE in summary["code"]["definitions"]
+    assert run_status(summary) == "current" and "fedtsa.ft_forward" in summary["code"]["units"]
     steps = pd.read_csv(tmp_path / "run" / "steps.csv")
     pd.testing.assert_series_equal(steps["correct_mixed"], plain.steps["correct_mixed"], check_dtype=False)
     assert summary["accuracy_ft_forward"] == pytest.approx(100 * steps[READING].sum() / steps["n"].sum())
@@ -102,15 +105,15 @@ def test_rerun_equals_the_plain_run_and_keeps_both_readings(tmp_path, monkeypatc
         ft_forward_run(ExperimentConfig(**{**cfg.to_dict(), "strategy": "fedavg"}), tmp_path / "other")
 
 
-def test_migration_rescopes_older_readings_to_what_a_reading_records_now(tmp_path, monkeypatch):
-    """``record_scope`` is the record ``ft_forward_run`` writes; ``runs --migrate`` turns a reading that also named
-    ``fidelity`` (an earlier ``ft_forward`` imported it) into that record, keeps a changed recorded definition and
-    one its module no longer has (both stale), and leaves a plain run summary alone."""
+def test_migration_turns_a_current_reading_into_the_unit_record_a_reading_writes_now(tmp_path, monkeypatch):
+    """``record_scope`` is the record ``ft_forward_run`` writes: the run's units and this module's computing
+    definitions, not the modules it imports to find and tabulate readings (``fidelity``, the workbook); ``runs
+    --migrate`` turns a current definition record of a reading into it, and leaves a stale one stale."""
     import json
 
-    from ftta_core.fedtsa.ft_forward import is_record, record_scope
+    from ftta_core.fedtsa.ft_forward import RECORDED, is_record, record_scope
     from ftta_core.record_migration import migrate
-    from ftta_core.runstore import stale_modules
+    from ftta_core.runstore import definition_record_of, stale_modules
 
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
     cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise"],
@@ -118,28 +121,21 @@ def test_migration_rescopes_older_readings_to_what_a_reading_records_now(tmp_pat
                            local_params={"params": "all", "optimizer": "adam", "lr": 1e-3, "bn": "running"},
                            strategy="fedavg_ft")
     summary = ft_forward_run(cfg, tmp_path / "run")
-    definitions = summary["code"]["definitions"]
-    assert record_scope(cfg)["definitions"] == definitions and "ftta_core.fidelity" not in definitions
+    assert summary["code"]["units"] == record_scope(cfg)["units"]
+    assert "fedtsa.ft_forward" in summary["code"]["units"]
+    assert not {"fidelity", "workbook", "fedtsa.table1", "paper"} & summary["code"]["units"].keys()
     assert is_record(summary) and not is_record({k: v for k, v in summary.items() if k != "accuracy_ft_forward"})
 
-    def stored(name, extra):
-        record = {**summary, "code": {**summary["code"], "definitions": {**definitions, **extra}}}
-        (tmp_path / name).write_text(json.dumps(record, indent=1))
-        return stale_modules(record["code"])
-
-    assert stored("older.json", {"ftta_core.fidelity": {"verdict": "an older version"}}) == ["ftta_core.fidelity:verdict"]
-    changed = {MODULE: {**definitions[MODULE], "ft_forward_run": "an older version"}}
-    gone = {"ftta_core.experiment": {**definitions["ftta_core.experiment"], "a_function_since_removed": "digest"}}
-    assert stored("changed.json", changed) == [f"{MODULE}:ft_forward_run"]
-    assert stored("gone.json", gone) == ["ftta_core.experiment:a_function_since_removed"]
-    plain = {k: v for k, v in json.loads((tmp_path / "older.json").read_text()).items() if k != "accuracy_ft_forward"}
-    (tmp_path / "plain.json").write_text(json.dumps(plain, indent=1))
-    assert migrate([tmp_path / n for n in ("older.json", "changed.json", "gone.json", "plain.json")])["migrated"] == 1
-    read = {n: json.loads((tmp_path / f"{n}.json").read_text())["code"] for n in ("older", "changed", "gone", "plain")}
-    assert read["older"]["definitions"] == definitions and stale_modules(read["older"]) == []
-    assert stale_modules(read["changed"]) == [f"{MODULE}:ft_forward_run"]
-    assert stale_modules(read["gone"]) == ["ftta_core.experiment:a_function_since_removed"]
-    assert stale_modules(read["plain"]) == ["ftta_core.fidelity:verdict"]  # not a reading: not re-scoped
+    former = definition_record_of(["ftta_core.build", "ftta_core.tta", "ftta_core.strategies.basic"],
+                                  [f"{MODULE}:{name}" for name in RECORDED])
+    stale = {**former, "definitions": {**former["definitions"], MODULE: {"ft_forward_run": "an older version"}}}
+    for name, record in (("current.json", former), ("stale.json", stale)):
+        (tmp_path / name).write_text(json.dumps({**summary, "code": record}, indent=1))
+    assert migrate([tmp_path / "current.json", tmp_path / "stale.json"])["migrated"] == 1
+    migrated = json.loads((tmp_path / "current.json").read_text())["code"]
+    assert set(migrated["units"]) <= set(record_scope(cfg)["units"]) and "fedtsa.ft_forward" in migrated["units"]
+    assert stale_modules(migrated) == []
+    assert stale_modules(json.loads((tmp_path / "stale.json").read_text())["code"]) == [f"{MODULE}:ft_forward_run"]
 
 
 def test_reading_compares_both_readings_with_the_paper():

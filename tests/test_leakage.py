@@ -46,6 +46,7 @@ def test_leakage_reading_orders_uploads_and_names_small_uploads_that_reveal_more
     assert "Fewer bytes" not in leakage_reading(table.drop(index="probe_logits"))
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_stored_leakage_table_is_read_back_until_its_code_changes(tmp_path, monkeypatch):
     import json
 
@@ -61,7 +62,7 @@ def test_stored_leakage_table_is_read_back_until_its_code_changes(tmp_path, monk
     monkeypatch.setattr(leakage, "collect_uploads", lambda *a, **k: calls.append(a) or pytest.fail("recomputed"))
     pd.testing.assert_frame_equal(leakage.stored_leakage_table(cfg, 6, tmp_path), first, check_dtype=False)
     stored = json.loads(path.read_text())
-    stored["code"]["definitions"]["ftta_core.leakage"]["leakage_table"] = "a digest no code has"
+    stored["code"]["units"]["leakage"] = 0  # as if the leakage unit's version had been bumped since
     path.write_text(json.dumps(stored))
     with pytest.raises(pytest.fail.Exception, match="recomputed"):  # stale: computed again
         leakage.stored_leakage_table(cfg, 6, tmp_path)

@@ -200,18 +200,18 @@ def test_source_hash_ignores_docstrings_and_comments_but_not_code():
     assert source_hash(a) == source_hash(b) != source_hash(c)
 
 
-def test_code_record_names_the_methods_modules_and_the_run_loop():
-    record = code_record("tent", "fedtsa")["definitions"]
-    assert {"ftta_core.tta.basic", "ftta_core.tta.base", "ftta_core.strategies.fedtsa",
-            "ftta_core.strategies.ts_block", "ftta_core.loop", "ftta_core.build", "ftta_core.experiment"} <= set(record)
-    assert {"run_experiment", "_run", "FedTSA"} <= set(record["ftta_core.experiment"]) | set(
-        record["ftta_core.strategies.fedtsa"])
-    assert all(all(d.values()) for d in record.values())  # every definition is found
-    assert "ftta_core.strategies.fedamp" not in record and "ftta_core.tta.cotta" not in record
-    assert "ftta_core.runstore" not in record  # the record keeping is not recorded (RECORD_EXEMPT)
+@pytest.mark.usefixtures("certified_as_is")
+def test_code_record_names_the_methods_units_and_the_run_loop():
+    record = code_record("tent", "fedtsa")
+    assert {"tta.basic", "tta.base", "strategies.fedtsa", "ts_block", "loop", "run_builder", "run_summary",
+            "client_conv", "bn_running"} <= set(record["units"])
+    assert set(record["units"]) == set(record["implementation"]) and all(record["implementation"].values())
+    assert "strategies.fedamp" not in record["units"] and "tta.cotta" not in record["units"]
+    assert not any(u in record["units"] for u in ("runstore", "units", "progress", "experiment", "workbook"))
     assert stale_modules(code_record("bn", "fedavg")) == []
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, caplog, reference):
     results = tmp_path / "results"
     cfg = ExperimentConfig(**SMALL, local="bn", strategy="fedavg", seed=0, smoke=True)
@@ -219,13 +219,13 @@ def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, capl
     path = results / f"{config_key(cfg)}.json"
     summary = json.loads(path.read_text())
     assert run_status(summary) == "current"
-    summary["code"]["definitions"]["ftta_core.strategies.basic"]["FedAvg"] = "0" * 16  # as if FedAvg had changed
+    summary["code"]["units"]["strategies.basic"] = 0  # as if FedAvg's meaning had changed since (a version bump)
     summary["accuracy"] = -1.0
     path.write_text(json.dumps(summary))
     with caplog.at_level("WARNING"):
         again = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
     assert again.accuracy.iloc[0] == -1.0  # read back, but not silently:
-    assert "changed since (strategies.basic:FedAvg)" in caplog.text and "FTTA_RERUN_STALE" in caplog.text
+    assert "changed since (strategies.basic@0->1)" in caplog.text and "FTTA_RERUN_STALE" in caplog.text
     monkeypatch.setenv("FTTA_RERUN_STALE", "1")
     assert usable(path) is None
     rerun = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
@@ -233,6 +233,7 @@ def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, capl
     assert run_status(read_summary(path)) == "current"
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_path, capsys, reference):
     from ftta_core.cli import main
 
@@ -241,19 +242,16 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     run_grid(cfg, {"fedamp": {}}, [0], results_dir=results, progress=False)
     path = results / f"{config_key(cfg)}.json"
     stored = json.loads(path.read_text())
-    definitions = {**stored["code"]["definitions"],
-                   "ftta_core.strategies.fedamp": {**stored["code"]["definitions"]["ftta_core.strategies.fedamp"],
-                                                   "FedAMP": "0" * 16}}
-    stale = {**stored, "code": {**stored["code"], "definitions": definitions}}
+    stale = {**stored, "code": {**stored["code"], "units": {**stored["code"]["units"], "strategies.fedamp": 0}}}
     del stale["absent_uploads"]  # a field added after the run was stored is not asked of it
-    path.write_text(json.dumps(stale))  # as if FedAMP's code had changed since, without moving a number
+    path.write_text(json.dumps(stale))  # as if FedAMP's version had been bumped, without moving a number
     assert run_status(read_summary(path)) == "stale"
     assert main(["reproduce", str(path)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["status"] == "reproduced" and result["differences"] == []
     again = read_summary(path)
     assert run_status(again) == "current" and again["accuracy"] == stored["accuracy"]
-    assert again["reproduced"][0]["former_changed"] == ["ftta_core.strategies.fedamp:FedAMP"]
+    assert again["reproduced"][0]["former_changed"] == ["strategies.fedamp@0->1"]
     # a number that today's code does not make: reported, the file left as it is, exit status 1
     wrong = {**stale, "accuracy_by_domain": {**stale["accuracy_by_domain"], "contrast": 1.0}}
     path.write_text(json.dumps(wrong))
@@ -269,10 +267,11 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     assert run_status(remade) == "current" and remade["accuracy_by_domain"] == stored["accuracy_by_domain"]
     assert remade["remade"][0]["former"] == {"accuracy": wrong["accuracy"], "accuracy_local": wrong["accuracy_local"]}
     assert remade["remade"][0]["numbers_moved"] == 1 and remade["remade"][0]["former_changed"] == [
-        "ftta_core.strategies.fedamp:FedAMP"]
+        "strategies.fedamp@0->1"]
     assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_reproduce_runs_several_stale_runs_in_worker_processes_through_resumable_folders(tmp_path, capsys,
                                                                                           monkeypatch, reference):
     from ftta_core.cli import main
@@ -284,7 +283,7 @@ def test_reproduce_runs_several_stale_runs_in_worker_processes_through_resumable
         run_grid(cfg, {"fedavg": {}}, [seed], results_dir=results, progress=False)
         paths.append(results / f"{config_key(cfg)}.json")
         stored = json.loads(paths[-1].read_text())
-        stored["code"]["definitions"]["ftta_core.strategies.basic"]["FedAvg"] = "0" * 16
+        stored["code"]["units"]["strategies.basic"] = 0
         paths[-1].write_text(json.dumps(stored))
     assert main(["reproduce", "--workers", "2", *map(str, paths)]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
@@ -294,6 +293,7 @@ def test_reproduce_runs_several_stale_runs_in_worker_processes_through_resumable
     assert main(["reproduce", "--workers", "0", str(paths[0])]) == 2
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_every_committed_run_is_read_by_the_store():
     table = scan_table([Path(__file__).resolve().parents[1] / "figures"])
     assert len(table) > 900
@@ -318,6 +318,7 @@ def test_the_recorded_commit_follows_head_within_one_process(tmp_path, monkeypat
     assert runstore._git_commit() == "c" * 40
 
 
+@pytest.mark.usefixtures("certified_as_is")
 def test_a_resumable_run_left_by_other_code_is_made_again_not_resumed_or_read_back(tmp_path, monkeypatch):
     """``workbook.resumable_run``: a run left in the folder (here a finished one, not yet collected) is read back only
     while the code that made it is unchanged; otherwise, or when its code was not recorded, it is cleared and made
@@ -328,12 +329,12 @@ def test_a_resumable_run_left_by_other_code_is_made_again_not_resumed_or_read_ba
     folder = tmp_path / "partial"
     first = workbook.resumable_run(cfg, folder)
     mark = json.loads((folder / workbook.CODE_MARK).read_text())
-    assert mark["definitions"] == code_record("bn", "fedavg")["definitions"]
+    assert mark["units"] == code_record("bn", "fedavg", cfg)["units"]
     summary = folder / "summary.json"
     stamp = summary.stat().st_mtime_ns
     again = workbook.resumable_run(cfg, folder)  # same code: read back, not run again
     assert summary.stat().st_mtime_ns == stamp and again.summary["accuracy"] == first.summary["accuracy"]
-    mark["definitions"]["ftta_core.strategies.basic"]["FedAvg"] = "0" * 16  # as if FedAvg changed since
+    mark["units"]["strategies.basic"] = 0  # as if FedAvg's version changed since
     (folder / workbook.CODE_MARK).write_text(json.dumps(mark))
     workbook.resumable_run(cfg, folder)
     assert summary.stat().st_mtime_ns != stamp  # made again

@@ -41,6 +41,14 @@ _LOADERS: Dict[str, Callable[..., ImageArray]] = {
 DATASETS = tuple(_LOADERS)
 
 
+def loader_module(name: str) -> str:
+    """The module whose loader reads dataset ``name`` (what a run that uses it depends on)."""
+    if name not in _LOADERS:
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    module = "cifar" if name.startswith("cifar") else "office" if name.startswith("office") else "digits"
+    return f"{__name__.rsplit('.', 1)[0]}.{module}"
+
+
 def load_dataset(name: str, split: str, root: PathLike | None = None, **kwargs: Any) -> ImageArray:
     """Load dataset ``name`` (one of ``DATASETS``), ``split``, from the data root; kwargs go to the loader."""
     if name not in _LOADERS:

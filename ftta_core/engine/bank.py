@@ -36,10 +36,15 @@ class OptimizerSpec:
         if not self.lr > 0:
             raise ValueError(f"optimizer.lr must be positive, got {self.lr}")
 
-    def build(self, params: Sequence[torch.Tensor]) -> torch.optim.Optimizer:
-        """A torch optimiser over ``params`` (element-wise, so stacked clients = independent optimisers)."""
+    def build(self, params: Sequence[torch.Tensor], fused: bool = False) -> torch.optim.Optimizer:
+        """A torch optimiser over ``params`` (element-wise, so stacked clients = independent optimisers). ``fused``:
+        Adam's update in one pass over each tensor (torch's fused kernel, on CPU and CUDA floating-point tensors)
+        instead of the eight element-wise passes of its reference loop; the same update to float rounding
+        (tests/test_oracle_tent_step.py)."""
         if self.name == "adam":
-            return torch.optim.Adam(params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay)
+            fused = fused and all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+            return torch.optim.Adam(params, lr=self.lr, betas=self.betas, weight_decay=self.weight_decay,
+                                    fused=fused or None)
         return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
@@ -170,12 +175,15 @@ class VectorizedBank(ClientBank):
         for n, m in self._bns.items():
             m.layer = n
         self.optimizer_spec = optimizer
-        self.optimizer = optimizer.build([names[n] for n in self.trainable]) if optimizer and self.trainable else None
+        # the stacked clients' tensors are large (all of ResNet-8 x N): Adam's fused one-pass update (the loop bank,
+        # the specification, keeps torch's reference loop)
+        self.optimizer = optimizer.build([names[n] for n in self.trainable], fused=True) \
+            if optimizer and self.trainable else None
 
     def set_per_client_conv(self, kernel: Optional[str]) -> None:
         """How per-client convolution weights run: 'grouped' (one grouped convolution), 'split' (one convolution
-        per client) or None (the device's faster one, ``layers.default_per_client_conv``); results agree to float
-        rounding (tests/test_speed_levers.py)."""
+        per client), 'unfold' (im2col + batched matmul) or None (per layer, ``client_conv.auto_kernel``); results
+        agree to float rounding (tests/test_oracle_client_conv.py)."""
         if kernel is not None:
             check_choice("per-client convolution", kernel, PER_CLIENT_CONV)
         for m in self.module.modules():

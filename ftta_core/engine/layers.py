@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .client_conv import KERNELS, auto_kernel
+
 BN_MODES = ("source", "batch", "given", "custom")
 
 
@@ -69,21 +71,17 @@ def _stack(t: Optional[torch.Tensor], n: int, per_client: bool) -> Optional[nn.P
     return nn.Parameter(data)
 
 
-# how per-client convolution weights are applied: "grouped" (one grouped convolution over all clients, the default)
-# or "split" (one convolution per client on its slice, concatenated). Profiled with one thread on a CPU, oneDNN's
-# grouped backward was ~3x slower than the loop bank's small ones, but with two threads on a loaded CPU 'split' ran
-# 0.27x of 'grouped' (benchmarks/README.md, "CPU speed levers"): no default change until a quiet measurement.
-PER_CLIENT_CONV = ("grouped", "split")
-
-
-def default_per_client_conv(device: torch.device | str) -> str:
-    """The per-client convolution used when none is set: 'grouped' on every device (see ``PER_CLIENT_CONV``)."""
-    return "grouped"
+# how per-client convolution weights are applied (``engine.client_conv``): "grouped" (one grouped convolution over
+# all clients), "split" (one convolution per client on its slice, concatenated) or "unfold" (im2col + one batched
+# matmul per client). None (the default): per layer, ``client_conv.auto_kernel``: 'unfold' for the CPU shapes where
+# it measured faster (ResNet-8's layer3 and strided 1x1 shortcuts), 'grouped' otherwise; all agree to float rounding
+# (tests/test_oracle_client_conv.py).
+PER_CLIENT_CONV = tuple(KERNELS)
 
 
 class ClientConv2d(nn.Module):
-    """Conv2d for N clients: shared weight -> one conv over N*B images; per-client weight -> a grouped conv or one
-    conv per client (``kernel``: 'grouped' or 'split', None: ``default_per_client_conv`` of the input's device)."""
+    """Conv2d for N clients: shared weight -> one conv over N*B images; per-client weight -> one of the kernels of
+    ``engine.client_conv`` (``kernel``: 'grouped', 'split' or 'unfold'; None: ``client_conv.auto_kernel``)."""
 
     def __init__(self, conv: nn.Conv2d, n_clients: int, per_client: bool) -> None:
         super().__init__()
@@ -100,25 +98,9 @@ class ClientConv2d(nn.Module):
             return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         if shared_input(self, x):
             x = expand_clients(x, self.n_clients)
-        kernel = self.kernel or default_per_client_conv(x.device)
-        if kernel == "split":
-            return self._split(x)
-        n = self.n_clients
-        nb, c, h, w = x.shape
-        b = nb // n
-        xg = x.view(n, b, c, h, w).transpose(0, 1).reshape(b, n * c, h, w)
-        weight = self.weight.reshape(n * self.out_channels, *self.weight.shape[2:])
-        bias = None if self.bias is None else self.bias.reshape(-1)
-        out = F.conv2d(xg, weight, bias, self.stride, self.padding, self.dilation, self.groups * n)
-        return out.view(b, n, self.out_channels, *out.shape[2:]).transpose(0, 1).reshape(nb, self.out_channels,
-                                                                                          *out.shape[2:])
-
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        """One convolution per client on its ``B`` images (what the loop bank computes), concatenated."""
-        xs = x.view(self.n_clients, x.shape[0] // self.n_clients, *x.shape[1:])
-        bias = [None] * self.n_clients if self.bias is None else self.bias
-        return torch.cat([F.conv2d(xs[i], self.weight[i], bias[i], self.stride, self.padding, self.dilation,
-                                   self.groups) for i in range(self.n_clients)])
+        args = (self.stride, self.padding, self.dilation, self.groups)
+        kernel = self.kernel or auto_kernel(self.weight, *args, x)
+        return KERNELS[kernel](x, self.weight, self.bias, *args)
 
 
 class ClientLinear(nn.Module):

@@ -1,7 +1,7 @@
 """The mixing kernel and the server's checks of what clients upload."""
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -21,11 +21,29 @@ def finite_rows(t: torch.Tensor) -> torch.Tensor:
     return ok
 
 
+def common_row(weights: torch.Tensor) -> Optional[torch.Tensor]:
+    """W's row [1, N] when every row of W [N, N] is that same row with no zero in it (FedAvg's uniform W), else
+    None: then every client's mixed tensor is one and the same weighted mean, and a non-finite value of any client
+    reaches every row (nothing to shield with a zero weight)."""
+    row = weights[:1]
+    if bool((weights == row).all()) and bool((row != 0).all()):
+        return row
+    return None
+
+
 def mix_state(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """``theta_i <- sum_j W_ij theta_j`` for every named tensor [N, ...] (one matmul per tensor)."""
+    """``theta_i <- sum_j W_ij theta_j`` for every named tensor [N, ...] (one matmul per tensor).
+
+    When all rows of W are the same row without zeros (``common_row``) the mean is computed once ([1, N] @ [N, M])
+    and every client gets it as a broadcast view of it (the same values as W @ theta to float rounding, without N
+    copies; read-only: clone it before writing into it)."""
     if not state:
         return {}
     n = weights.shape[0]
+    row = common_row(weights)
+    if row is not None:
+        return {k: (row @ t.reshape(n, -1).to(weights.dtype)).to(t.dtype).expand(n, -1).view(t.shape)
+                for k, t in state.items()}
     broken = torch.zeros(n, dtype=torch.bool, device=weights.device)
     for t in state.values():
         broken |= ~finite_rows(t).to(weights.device)

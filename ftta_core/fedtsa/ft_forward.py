@@ -30,12 +30,15 @@ from ..build import build_run, code_record
 from ..experiment import ExperimentConfig, RunWriter, summarize
 from ..paper import METHOD_LABELS, paper_table
 from ..runstore import RunLock, atomic_write_text, code_record_of, read_summary, run_status
+from ..units import merge_records
 from .table1 import _matches_column, stored_table1_runs, table1_config
 
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "figures" / "fedtsa_table1"
 MODULE = "ftta_core.fedtsa.ft_forward"  # recorded by name: run as a script, ``__name__`` is "__main__"
 READING = "correct_ft_forward"  # the column of the reference code's reading
 SEEDS = (0, 1, 2, 3, 4)  # the seeds a reading is looked for
+# the definitions of this module that compute a reading (recorded with the run's units; the rest finds and tabulates)
+RECORDED = ("READING", "AdaptOutputs", "ft_forward_run")
 
 
 class AdaptOutputs:
@@ -69,8 +72,7 @@ def ft_forward_run(cfg: ExperimentConfig, out: Path | str, data_root: Optional[s
         writer = RunWriter(out, cfg)
         if writer.finished():
             return read_summary(writer.summary_json)
-        code = code_record(cfg.local, cfg.strategy)
-        code["definitions"].update(code_record_of([MODULE])["definitions"])
+        code = record_scope(cfg)
         with build_run(cfg, data_root=data_root) as run:
             engine, recorder = run.engine, run.recorder()
             probe = AdaptOutputs(engine.local)
@@ -99,13 +101,10 @@ def ft_forward_run(cfg: ExperimentConfig, out: Path | str, data_root: Optional[s
 
 
 def record_scope(cfg: ExperimentConfig) -> Dict[str, object]:
-    """The code record a reading of ``cfg`` made now would hold (the run's code and this module's);
-    ``ft_forward_run`` writes the same record with its own two calls, left as they are so that its recorded
-    definition, and with it every stored reading, stays current (``tests/test_ft_forward.py`` checks the two agree).
-    ``python -m ftta_core runs --migrate`` re-scopes older readings to it (``record_migration.study_scope``)."""
-    code = code_record(cfg.local, cfg.strategy)
-    code["definitions"].update(code_record_of([MODULE])["definitions"])
-    return code
+    """The code record of a reading of ``cfg`` (the run's units and this module's), as ``ft_forward_run`` writes
+    it; ``python -m ftta_core runs --migrate`` re-scopes older readings to it (``record_migration.study_scope``)."""
+    return merge_records(code_record(cfg.local, cfg.strategy, cfg),
+                         code_record_of([], [f"{MODULE}:{name}" for name in RECORDED]))
 
 
 def is_record(data: object) -> bool:

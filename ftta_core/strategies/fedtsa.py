@@ -180,6 +180,36 @@ def round_mse(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(a, b, reduction="none").flatten(1).mean(1)
 
 
+class _IterationMasks:
+    """M^cur, M^tem, M^spa of one server iteration's augmented pass, sampled from the plain pass's (detached)
+    attention when ``TSBlock.forward_passes`` asks (``ts_block.Augmentation``): the temporal mask first, then the
+    spatial one, from ``generator`` or this iteration's pre-drawn Bernoulli ``uniforms`` (temporal, spatial).
+    ``indicator_mask`` is M^cur of the raw current indicators (it does not change between iterations)."""
+
+    def __init__(self, strategy: "FedTSA", indicator_mask: torch.Tensor, generator: Optional[torch.Generator],
+                 uniforms: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]) -> None:
+        self.strategy, self.generator, self.uniforms = strategy, generator, uniforms
+        self.current = indicator_mask
+        self.temporal_mask: Optional[torch.Tensor] = None
+        self.spatial_mask: Optional[torch.Tensor] = None
+
+    def temporal(self, attention: torch.Tensor) -> Optional[torch.Tensor]:
+        s = self.strategy  # the masks are drawn on the CPU generator (same draws on every device)
+        mask = sample_temporal_mask(attention, self.generator, s.augmentation, s.temporal_drop,
+                                    uniform=self.uniforms[0])
+        self.temporal_mask = _on_device(mask, attention.device)
+        return self.temporal_mask
+
+    def spatial(self, attention: torch.Tensor, temporal_output: torch.Tensor) -> torch.Tensor:
+        s = self.strategy
+        if s.graph_on == "temporal":
+            self.current = similarity_mask(temporal_output[-1])
+        mask = sample_spatial_mask(attention[..., -1, :, :], self.current, self.generator, s.augmentation,
+                                   s.edge_drop, s.edge_add, uniform=self.uniforms[1])
+        self.spatial_mask = mask.to(attention.device)
+        return self.spatial_mask
+
+
 # rounds per batch when ``rounds_per_batch`` is left to the device: batched rounds are what a GPU needs (one round
 # is launch-bound there); on a CPU they are no faster than separate rounds (benchmarks/README.md)
 AUTO_ROUNDS_PER_BATCH = {"cpu": 1, "cuda": 64}
@@ -415,35 +445,30 @@ class FedTSA(Scheduled, Strategy):
     def _iteration(self, block: TSBlock, x: torch.Tensor, indicator_mask: torch.Tensor,
                    generator: Optional[torch.Generator], temporal_u: Optional[torch.Tensor],
                    spatial_u: Optional[torch.Tensor]):
-        """One server iteration's forward: the plain pass, the masks and the augmented pass, and L_tsa (Eq. 18)
-        (per round [R] for a block of R rounds). Returns (loss, regularization, robustness, plain pass output,
-        masks (M^cur, M^tem, M^spa))."""
-        out = block(x)
-        loss_reg = round_mse(out.output, x)
-        loss_rob = torch.zeros(x.shape[:-3], device=x.device)
-        masks = (indicator_mask, None, None)
+        """One server iteration: the plain pass, the masks and the augmented pass (``TSBlock.forward_passes``: the
+        two passes stacked), L_tsa (Eq. 18) (per round [R] for a block of R rounds), and the gradient of L_tsa (of
+        the rounds' sum) in the block's ``.grad`` (``TSBlock.backward_passes``; no autograd graph). Returns (loss,
+        regularization, robustness, plain pass output, masks (M^cur, M^tem, M^spa))."""
         lam = self.lam if self.augment else 0.0
-        if lam > 0:
-            masks = self._masks(out, indicator_mask, generator, (temporal_u, spatial_u))
-            aug = block(x, masks[1], masks[2], self.mask_mode, temporal_scores=out.temporal_scores,
-                        projections=out.projections)
-            loss_rob = round_mse(out.output, aug.output)
-        return loss_reg + lam * loss_rob, loss_reg, loss_rob, out, masks
-
-    def _masks(self, out: TSBlockOutput, indicator_mask: torch.Tensor, generator: Optional[torch.Generator],
-               uniforms: Tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None)):
-        """M^cur, M^tem, M^spa for the augmented pass, from this iteration's (detached) unmasked attention;
-        ``indicator_mask`` is M^cur of the raw current indicators (it does not change between iterations);
-        ``uniforms``: this iteration's pre-drawn Bernoulli uniforms (temporal, spatial), else drawn here."""
-        current = similarity_mask(out.temporal_output[-1]) if self.graph_on == "temporal" else indicator_mask
-        temporal_mask = None
-        if self.temporal:
-            temporal_mask = sample_temporal_mask(out.temporal_attention, generator, self.augmentation,
-                                                 self.temporal_drop, uniform=uniforms[0])
-        spatial_mask = sample_spatial_mask(out.spatial_attention[..., -1, :, :], current, generator,
-                                           self.augmentation, self.edge_drop, self.edge_add, uniform=uniforms[1])
-        device = out.output.device  # the masks are drawn on the CPU generator (same draws on every device)
-        return current, _on_device(temporal_mask, device), spatial_mask.to(device)
+        masks = _IterationMasks(self, indicator_mask, generator, (temporal_u, spatial_u)) if lam > 0 else None
+        with torch.no_grad():
+            passes = block.forward_passes(x, mask_mode=self.mask_mode, augment=masks)
+            t = x.shape[-3]
+            out = passes.output[..., :t, :, :]
+            per_element = 2.0 / x[(0,) * (x.dim() - 3)].numel()  # d mean(e^2) / de, per round
+            loss_reg = round_mse(out, x)
+            grad = torch.empty_like(passes.output)
+            torch.mul(out - x, per_element, out=grad[..., :t, :, :])
+            loss_rob = torch.zeros(x.shape[:-3], device=x.device, dtype=x.dtype)
+            if masks is not None:
+                aug = passes.output[..., t:, :, :]
+                loss_rob = round_mse(out, aug)
+                torch.mul(out - aug, -lam * per_element, out=grad[..., t:, :, :])
+                grad[..., :t, :, :] -= grad[..., t:, :, :]
+            block.backward_passes(passes, grad)
+        used = ((indicator_mask, None, None) if masks is None
+                else (masks.current, masks.temporal_mask, masks.spatial_mask))
+        return loss_reg + lam * loss_rob, loss_reg, loss_rob, passes.pass_output(0), used
 
     def _train_block(self, x: torch.Tensor, generator: torch.Generator,
                      block: Optional[TSBlock] = None) -> FedTSADiagnostics:
@@ -489,9 +514,7 @@ class FedTSA(Scheduled, Strategy):
                 losses[:, it] = loss_log[-1].tolist()  # 'best' reads the loss: one host sync per iteration
                 if losses[0, it] < selected[0]:
                     selected = (losses[0, it], detached_attention(out), it)
-            optimizer.zero_grad()
-            (loss.sum() if batched else loss).backward()
-            optimizer.step()
+            optimizer.step()  # on the gradient ``_iteration`` set
         losses = (torch.stack(loss_log, dim=1).cpu().double().numpy() if steps
                   else np.zeros((3, steps, *x.shape[:-3])))  # [3, steps] or [3, steps, R]
         if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Protocol, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,16 @@ def masked_softmax(scores: torch.Tensor, mask: Optional[torch.Tensor], mode: str
     raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mode!r}")
 
 
+def masked_softmax_backward(attention: torch.Tensor, grad: torch.Tensor, mask: Optional[torch.Tensor],
+                            mode: str = "exclude") -> torch.Tensor:
+    """dL/d(scores) of ``attention = masked_softmax(scores, mask, mode)`` from dL/d(attention). 'exclude': masked
+    entries have attention 0, so their gradient is 0 (as through ``masked_fill``); 'hadamard': times the mask."""
+    out = attention * (grad - (attention * grad).sum(-1, keepdim=True))
+    if mask is not None and mode == "hadamard":
+        out = out * mask.to(out.dtype)
+    return out
+
+
 @dataclass
 class TSProjections:
     """Every learnable projection of a window X, computed in one matmul (see ``TSBlock.project``).
@@ -70,6 +80,52 @@ class TSProjections:
     spatial: torch.Tensor
 
 
+class Augmentation(Protocol):
+    """Samples the augmented pass's masks from the first pass's attention (``TSBlock.forward_passes``)."""
+
+    def temporal(self, attention: torch.Tensor) -> Optional[torch.Tensor]:
+        """M^tem [N, T, T] from the first pass's a^(T) [N, T, T] (called first, with the temporal module only)."""
+
+    def spatial(self, attention: torch.Tensor, temporal_output: torch.Tensor) -> torch.Tensor:
+        """M^spa [N, N] from the first pass's a^(S) [T, N, N] and X_TA [T, N, D]."""
+
+
+@dataclass
+class TSPasses:
+    """k = 1 or 2 passes of the block over one X (the pass under the given masks, then the augmented one), stacked
+    along the step axis: each tensor holds pass 0's T steps, then pass 1's. What ``TSBlock.backward_passes`` needs.
+    Without the temporal module X_TA = X and the spatial scores are the same for both passes (not stacked)."""
+
+    projections: TSProjections
+    temporal_scores: Optional[torch.Tensor]  # A^(T) [N, T, T] (shared by the passes; None without temporal module)
+    temporal_attention: Optional[torch.Tensor]  # [N, kT, T]
+    temporal_output: torch.Tensor  # X_TA client-major [N, kT, D] ([N, T, D] = X without the temporal module)
+    mixed_spatial: torch.Tensor  # the spatial Q|K of X_TA [N, kT, 2D] ([N, T, 2D] without the temporal module)
+    spatial_attention: torch.Tensor  # [kT, N, N]
+    output: torch.Tensor  # X_TSA [kT, N, D]
+    temporal_masks: Tuple[Optional[torch.Tensor], ...]  # per pass
+    spatial_masks: Tuple[Optional[torch.Tensor], ...]  # per pass, broadcastable to [T, N, N]
+    mask_mode: str = "exclude"
+
+    @property
+    def passes(self) -> int:
+        return len(self.spatial_masks)
+
+    def steps(self, i: int) -> slice:
+        """Pass ``i``'s rows along the stacked step axis."""
+        t = self.spatial_attention.shape[-3] // self.passes
+        return slice(i * t, (i + 1) * t)
+
+    def pass_output(self, i: int) -> TSBlockOutput:
+        """Pass ``i`` alone (views)."""
+        rows = self.steps(i)
+        stacked = self.temporal_attention is not None
+        x_ta = (self.temporal_output[..., rows, :] if stacked else self.temporal_output).transpose(-3, -2)
+        att_t = self.temporal_attention[..., rows, :] if stacked else None
+        return TSBlockOutput(self.output[..., rows, :, :], x_ta, self.temporal_scores, att_t,
+                             self.spatial_attention[..., rows, :, :], self.projections)
+
+
 class TSBlock(nn.Module):
     """Temporal self-attention per client (Eqs. 9-11), then spatial self-attention per step (Eqs. 12-14).
 
@@ -84,6 +140,11 @@ class TSBlock(nn.Module):
     the attention mixes rows with weights summing to one, so the block projects X once and mixes projected rows
     after that (``TSProjections``): the same function as projecting X_TA (equal up to float reassociation), with a
     third of the matmul work for a plain plus an augmented pass, forward and backward.
+
+    Training (FedTSA's server round): ``forward_passes`` computes the plain and the augmented pass together (their
+    rows stacked, one product of each kind for both), and ``backward_passes`` sets the weights' gradient derived by
+    hand, with no autograd graph (tests/test_oracle_ts_block.py checks both against the autograd round they
+    replaced, in float64). ``forward`` is one pass and stays differentiable.
 
     Rounds at once: ``rounds=R`` holds R independent blocks (``qk_weight`` [R, H*D, D], ``qk_bias`` [R, H*D]) that
     map windows [R, T, N, D]; trained on the sum of their losses with Adam (element-wise), each block takes the
@@ -157,24 +218,100 @@ class TSBlock(nn.Module):
         ``temporal_scores`` and ``projections`` let a second (masked) pass reuse the first pass's A^(T) and
         projections (``TSBlockOutput.projections``): both see the same X.
         """
+        return self.forward_passes(x, temporal_mask, spatial_mask, mask_mode, None, temporal_scores,
+                                   projections).pass_output(0)
+
+    def forward_passes(self, x: torch.Tensor, temporal_mask: Optional[torch.Tensor] = None,
+                       spatial_mask: Optional[torch.Tensor] = None, mask_mode: str = "exclude",
+                       augment: Optional[Augmentation] = None, temporal_scores: Optional[torch.Tensor] = None,
+                       projections: Optional[TSProjections] = None) -> TSPasses:
+        """The pass of ``forward`` and, with ``augment``, the augmented pass under the masks it samples from that
+        pass's attention, computed together: both passes' temporal mixing, spatial scores and outputs are one
+        batched product each (rows stacked along the step axis), on one projection of X and one A^(T)."""
         lead = () if self.rounds is None else (self.rounds,)
         if x.dim() != 3 + len(lead) or x.shape[:-3] != lead or x.shape[-1] != self.dim:
             raise ValueError(f"TS-Block expects X [{''.join(f'{r}, ' for r in lead)}T, N, {self.dim}], "
                              f"got {tuple(x.shape)}")
         p = self.project(x) if projections is None else projections
-        spatial = p.spatial  # [N, T, 2D]: spatial Q|K of X
+        t, root = x.shape[-3], math.sqrt(self.dim)
+        temporal_masks: List[Optional[torch.Tensor]] = [temporal_mask]
+        scores_t, att_t, x_ta, mixed = None, None, p.values, p.spatial  # [N, T, D], [N, T, 2D]
         if self.temporal:
             scores_t = self.temporal_scores(x, p) if temporal_scores is None else temporal_scores
             att_t = masked_softmax(scores_t, temporal_mask, mask_mode)  # [N, T, T]
-            x_ta = (att_t @ p.values).transpose(-3, -2)  # Eq. 11 / 16: [T, N, D]
-            spatial = att_t @ spatial  # the spatial Q|K of X_TA
-        else:
-            scores_t, att_t, x_ta = None, None, x
-        if spatial_mask is not None and spatial_mask.dim() == x.dim() - 1:  # one [N, N] mask for every step
-            spatial_mask = spatial_mask.unsqueeze(-3)
-        sq, sk = spatial.transpose(-3, -2).split(self.dim, dim=-1)  # [T, N, D] each
-        att_s = masked_softmax(sq @ sk.transpose(-1, -2) / math.sqrt(self.dim), spatial_mask, mask_mode)  # [T, N, N]
-        return TSBlockOutput(att_s @ x_ta, x_ta, scores_t, att_t, att_s, p)  # Eq. 14 / 17
+            if augment is not None:
+                temporal_masks.append(augment.temporal(att_t))
+                att_t = torch.cat([att_t, masked_softmax(scores_t, temporal_masks[-1], mask_mode)], dim=-2)
+            x_ta = att_t @ p.values  # Eq. 11 / 16: [N, kT, D]
+            mixed = att_t @ p.spatial  # the spatial Q|K of X_TA (Linear(a X) = a Linear(X))
+        elif augment is not None:
+            temporal_masks.append(None)
+        sq, sk = mixed.transpose(-3, -2).split(self.dim, dim=-1)  # [kT, N, D] each
+        scores_s = sq @ sk.transpose(-1, -2) / root  # [kT, N, N]
+        spatial_masks = [_per_step(spatial_mask, x)]
+        att_s = masked_softmax(scores_s[..., :t, :, :], spatial_masks[0], mask_mode)  # [T, N, N]
+        if augment is not None:
+            spatial_masks.append(_per_step(augment.spatial(att_s, x_ta[..., :t, :].transpose(-3, -2)), x))
+            att_s = torch.cat([att_s, masked_softmax(scores_s[..., -t:, :, :], spatial_masks[-1], mask_mode)], dim=-3)
+        if self.temporal or augment is None:
+            output = att_s @ x_ta.transpose(-3, -2)  # Eq. 14 / 17: [kT, N, D]
+        else:  # X_TA = X for both passes
+            output = (att_s.unflatten(-3, (2, t)) @ x_ta.transpose(-3, -2).unsqueeze(-4)).flatten(-4, -3)
+        return TSPasses(p, scores_t, att_t, x_ta, mixed, att_s, output, tuple(temporal_masks), tuple(spatial_masks),
+                        mask_mode)
+
+    def backward_passes(self, passes: TSPasses, grad: torch.Tensor) -> None:
+        """Set ``qk_weight.grad`` (and ``qk_bias.grad``) to the gradient of <G, X_TSA> for stacked passes
+        (``forward_passes``, e.g. under ``torch.no_grad``) and G = dL/dX_TSA [kT, N, D]: autograd's gradient,
+        derived by hand.
+
+        Why by hand: a server round is 100 iterations of a small graph, where autograd's bookkeeping (graph, saved
+        tensors, view/expand backward nodes, gradient accumulation) and one kernel per pass are overhead. Here every
+        product runs once for both passes (stacked rows), the passes' gradients meet in dL/dA^(T) and dL/d(spatial
+        Q|K of X), and dL/dP [N, T, H*D] goes through one matmul with X (dW = dP^T X), as the one projection matmul
+        of the forward (a round 1.16x faster on a 2-core CPU, benchmarks/results/fedtsa_speed_target_cpu.md).
+        """
+        p, k, t, root = passes.projections, passes.passes, passes.output.shape[-3] // passes.passes, math.sqrt(self.dim)
+        hadamard = passes.mask_mode == "hadamard"
+        att_s = passes.spatial_attention
+        x_ta = passes.temporal_output  # [N, kT, D] (or [N, T, D] = X)
+        d_att_s = grad @ x_ta.transpose(-3, -2).transpose(-1, -2) if self.temporal or k == 1 else (
+            grad.unflatten(-3, (k, t)) @ x_ta.transpose(-3, -2).transpose(-1, -2).unsqueeze(-4)).flatten(-4, -3)
+        d_scores_s = _stacked_softmax_backward(att_s, d_att_s, passes.spatial_masks if hadamard else (), -3) / root
+        if not self.temporal and k > 1:  # one spatial score tensor for both passes
+            d_scores_s = d_scores_s.unflatten(-3, (k, t)).sum(-4)
+        sq, sk = passes.mixed_spatial.transpose(-3, -2).split(self.dim, dim=-1)
+        d_mixed = torch.cat([d_scores_s @ sk, d_scores_s.transpose(-1, -2) @ sq], dim=-1).transpose(-3, -2)
+        d_proj = d_mixed  # [N, T, 2D] without the temporal module
+        if self.temporal:  # through X_TA = a^(T) X and the mixed spatial Q|K = a^(T) (X W_s^T)
+            att_t = passes.temporal_attention  # [N, kT, T]
+            d_x_ta = (att_s.transpose(-1, -2) @ grad).transpose(-3, -2)  # [N, kT, D]
+            d_att_t = torch.baddbmm(d_x_ta @ p.values.transpose(-1, -2), d_mixed, p.spatial.transpose(-1, -2)) \
+                if d_x_ta.dim() == 3 else d_x_ta @ p.values.transpose(-1, -2) + d_mixed @ p.spatial.transpose(-1, -2)
+            d_scores_t = _stacked_softmax_backward(att_t, d_att_t, passes.temporal_masks if hadamard else (), -2)
+            d_scores_t = d_scores_t.unflatten(-2, (k, t)).sum(-3) / root if k > 1 else d_scores_t / root
+            d_proj = torch.cat([d_scores_t @ p.temporal_key, d_scores_t.transpose(-1, -2) @ p.temporal_query,
+                                att_t.transpose(-1, -2) @ d_mixed], dim=-1)  # the heads' order in qk_weight
+        rows = d_proj.flatten(-3, -2)  # [N*T, H*D]
+        self.qk_weight.grad = rows.transpose(-1, -2) @ p.values.flatten(-3, -2)  # [H*D, D]
+        if self.qk_bias is not None:
+            self.qk_bias.grad = rows.sum(-2)
+
+
+def _per_step(mask: Optional[torch.Tensor], x: torch.Tensor) -> Optional[torch.Tensor]:
+    """A spatial mask [N, N] (one for every step) as [1, N, N]; [T, N, N] as it is."""
+    return mask.unsqueeze(-3) if mask is not None and mask.dim() == x.dim() - 1 else mask
+
+
+def _stacked_softmax_backward(attention: torch.Tensor, grad: torch.Tensor, masks: Tuple[Optional[torch.Tensor], ...],
+                              dim: int) -> torch.Tensor:
+    """``masked_softmax_backward`` of passes stacked along ``dim`` (-3: [kT, N, N]; -2: [N, kT, T]); ``masks`` per
+    pass for 'hadamard' (empty for 'exclude', where masked entries have attention 0 and so gradient 0)."""
+    out = masked_softmax_backward(attention, grad, None)
+    if any(m is not None for m in masks):
+        parts = out.chunk(len(masks), dim=dim)
+        out = torch.cat([part if m is None else part * m.to(part.dtype) for part, m in zip(parts, masks)], dim=dim)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Frozen copies of earlier implementations: the references of the oracle tests (never edited)."""
