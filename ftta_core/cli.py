@@ -74,7 +74,11 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=run_folder, required=True,
                    help="run folder (locked while the run writes it; a finished run of the same config is read back)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a finished or unfinished run of another config in --out (refused otherwise)")
+                   help="replace a finished or unfinished run of another config in --out, or run a stale finished "
+                        "run again (refused otherwise)")
+    p.add_argument("--reuse-stale", action="store_true", dest="reuse_stale",
+                   help="read back a finished run in --out although the code that made it changed meaning since "
+                        "(refused otherwise)")
     p.set_defaults(func=cmd_run)
 
 
@@ -107,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         res = run_experiment(cfg, out=args.out, progress=True, server_threads=args.server_threads,
-                             overwrite=args.overwrite)
+                             overwrite=args.overwrite, reuse_stale=args.reuse_stale)
     except RunStoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -97,6 +97,8 @@ class ExperimentConfig:
             elif kind == "float":
                 if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
                     bad(f.name, f"must be a number{or_null}, got {got}")
+                if not np.isfinite(float(v)):
+                    bad(f.name, f"must be finite{or_null}, got {v!r}")
                 if not isinstance(v, (int, float)):
                     setattr(self, f.name, float(v))
             elif kind == "str" and not isinstance(v, str):
@@ -125,6 +127,10 @@ class ExperimentConfig:
         for name in ("clients", "batch_size", "images_per_client"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, f"must be a positive integer, got {getattr(self, name)!r}")
+        if self.images_per_client < self.batch_size:
+            bad("images_per_client", f"must be at least batch_size ({self.batch_size}): a client sees "
+                                     f"images_per_client // batch_size batches of each domain, got "
+                                     f"{self.images_per_client}")
         for name in ("sh", "th"):
             if not 0 < float(getattr(self, name)) <= 1:
                 bad(name, f"must be in (0, 1], got {getattr(self, name)}")
@@ -306,10 +312,13 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
 
 def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,
                    data_root: Optional[str] = None, stream: Optional[Stream] = None,
-                   server_threads: Optional[int] = None, overwrite: bool = False) -> Results:
+                   server_threads: Optional[int] = None, overwrite: bool = False,
+                   reuse_stale: bool = False) -> Results:
     """Run ``cfg``; with ``out``, write steps.csv / collaboration.npz / summary.json and resume if interrupted
     (``runstore``: the folder is locked while the run writes it; a finished run of the same config is read back,
-    not run again; a finished run of another config is replaced only with ``overwrite``).
+    not run again; a finished run of another config is replaced only with ``overwrite``; a finished run made by
+    code whose meaning changed since, a stale one, is refused unless ``reuse_stale`` reads it back anyway or
+    ``overwrite`` runs it again).
     ``server_threads``: threads for server rounds computed ahead (``Engine.prefetch``; 0: none; None: on a CPU
     torch's thread count, and the clients then run on half of it; on a GPU two, ``default_server_threads``). An execution setting like the thread count: W is the
     same bit for bit; the clients' predictions differ at most by the float rounding of their own thread count."""
@@ -320,7 +329,7 @@ def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, prog
     if str(out).strip() == "":
         raise ValueError("out: an empty path would write into the current folder; name a run folder")
     with RunLock(out):
-        writer = RunWriter(Path(out), cfg, overwrite)
+        writer = RunWriter(Path(out), cfg, overwrite, reuse_stale)
         if writer.finished():
             return load_results(Path(out))
         return _run(cfg, writer, progress, data_root, stream, server_threads)
@@ -336,7 +345,7 @@ def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, d
         start = 0
         if writer is not None:
             start, recorder.rows, recorder.weights = writer.resume(engine)
-            recorder.classes = writer.classes
+            recorder.classes, recorder.upload_bytes = writer.classes, writer.upload_bytes
         t0 = time.perf_counter()
         for t in run.steps(start, progress=progress):
             with record_function("ftta.step"):  # the whole step, recording included
@@ -345,7 +354,8 @@ def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, d
                 recorder.add(engine.step(batch))
                 if recorder.slot_done(t, run.n_steps):
                     if writer is not None:
-                        writer.commit(engine, t + 1, recorder.slot_rows, recorder.slot_weights, recorder.classes)
+                        writer.commit(engine, t + 1, recorder.slot_rows, recorder.slot_weights, recorder.classes,
+                                      recorder.upload_bytes)
                     recorder.close_slot()
     summary = summarize(recorder.table(), cfg, time.perf_counter() - t0, run.device, recorder.upload_bytes,
                         recorder.classes, engine.rounds_ahead_threads, code)
@@ -359,13 +369,23 @@ class RunWriter:
     """Writes a run folder slot by slot so that a crash at any instant leaves a resumable or a complete run
     (``runstore`` explains the write order). Use under ``runstore.RunLock`` (``run_experiment`` does)."""
 
-    def __init__(self, out: Path, cfg: ExperimentConfig, overwrite: bool = False) -> None:
-        self.out, self.cfg, self.overwrite = out, cfg, overwrite
+    def __init__(self, out: Path, cfg: ExperimentConfig, overwrite: bool = False, reuse_stale: bool = False) -> None:
+        self.out, self.cfg, self.overwrite, self.reuse_stale = out, cfg, overwrite, reuse_stale
         out.mkdir(parents=True, exist_ok=True)
         self.steps_csv, self.ckpt, self.parts = out / "steps.csv", out / "checkpoint.pt", out / "collaboration_parts"
         self.summary_json, self.collab = out / "summary.json", out / "collaboration.npz"
         # per-class totals of the committed steps; None after resuming a checkpoint written without them
         self.classes: Optional[ClassTally] = ClassTally()
+        # the recorder's upload size per client and step at the last committed step (restored by ``resume``)
+        self.upload_bytes = 0
+        self.remove_temporaries()
+
+    def remove_temporaries(self) -> None:
+        """Delete the temporary files of writes a kill interrupted (``.NAME.PID.XXXX.tmp``, ``atomic_write``): the
+        folder is locked by this run (``RunLock``), so no other writer is using them."""
+        for folder in (self.out, self.parts):
+            for tmp in folder.glob(".*.tmp") if folder.is_dir() else ():
+                tmp.unlink(missing_ok=True)
 
     def _other_config(self, stored: Dict[str, Any], what: str) -> None:
         """Raise (or, with ``overwrite``, clear the folder) when ``stored`` is not this run's config."""
@@ -380,6 +400,20 @@ class RunWriter:
                                 "--out, or --overwrite to replace it")
         self.clear()
 
+    def _stale(self, summary: Dict[str, Any]) -> None:
+        """Refuse a finished run made by code whose meaning changed since (``runstore.stale_modules``): one line
+        naming what changed, unless ``reuse_stale`` (read it back) or ``overwrite`` (clear the folder, run again)."""
+        from .runstore import stale_modules
+
+        changed = stale_modules(summary.get("code"))
+        if not changed or self.reuse_stale:
+            return
+        if not self.overwrite:
+            shown = ", ".join(changed[:4]) + (" ..." if len(changed) > 4 else "")
+            raise RunStoreError(f"{self.out} holds a finished run made by code that has changed since ({shown}); "
+                                "--overwrite runs it again, --reuse-stale reads it back as it is")
+        self.clear()
+
     def clear(self) -> None:
         """Delete the run's files (summary first: an interrupted clear leaves no complete-looking run)."""
         for p in (self.summary_json, self.ckpt, self.collab, self.steps_csv):
@@ -392,13 +426,17 @@ class RunWriter:
         if not self.summary_json.exists():
             return False
         try:
-            stored = json.loads(self.summary_json.read_text()).get("config")
+            summary = json.loads(self.summary_json.read_text())
         except ValueError:
-            stored = None
+            summary = {}
+        stored = summary.get("config") if isinstance(summary, dict) else None
         if stored is None:
             raise RunStoreError(f"{self.summary_json} cannot be read; delete {self.out} to run again")
         self._other_config(stored, "a finished run")
         if not self.summary_json.exists():  # cleared by --overwrite
+            return False
+        self._stale(summary)
+        if not self.summary_json.exists():  # stale, cleared by --overwrite
             return False
         self.ckpt.unlink(missing_ok=True)  # resume state left by a kill after the summary was written
         if self.parts.exists():
@@ -418,6 +456,7 @@ class RunWriter:
         engine.load_state_dict(state["engine"])
         nxt = state["next_step"]
         self.classes = ClassTally.from_state(state["classes"]) if "classes" in state else None
+        self.upload_bytes = int(state.get("upload_bytes", 0))
         size = state.get("csv_bytes")
         if size is not None:  # drop what was appended after the checkpoint (a row cut by a kill included)
             have = self.steps_csv.stat().st_size if self.steps_csv.exists() else 0
@@ -436,9 +475,10 @@ class RunWriter:
         return nxt, table.to_dict("records"), weights
 
     def commit(self, engine: Engine, next_step: int, rows: List[dict], weights: List[np.ndarray],
-               classes: Optional[ClassTally] = None) -> None:
+               classes: Optional[ClassTally] = None, upload_bytes: int = 0) -> None:
         """Append a finished slot: rows (fsync-ed), W, then the checkpoint, written atomically last with the byte
-        length of ``steps.csv`` it covers."""
+        length of ``steps.csv`` it covers and the recorder's state (per-class totals, upload size): a run killed
+        after its last commit resumes to the summary it would have written."""
         with open(self.steps_csv, "a", newline="") as fh:
             pd.DataFrame(rows).to_csv(fh, header=fh.tell() == 0, index=False)
             fh.flush()
@@ -447,7 +487,7 @@ class RunWriter:
         block = np.stack(weights).astype(np.float32)
         atomic_write(self.parts / f"{next_step:08d}.npy", lambda fh: np.save(fh, block))
         state = {"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step,
-                 "csv_bytes": self.steps_csv.stat().st_size}
+                 "csv_bytes": self.steps_csv.stat().st_size, "upload_bytes": int(upload_bytes)}
         if classes is not None:
             state["classes"] = classes.state()
         atomic_write(self.ckpt, lambda fh: torch.save(state, fh))

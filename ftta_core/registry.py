@@ -10,6 +10,7 @@ wherever a built-in one does (configs, the command line, grids, notebooks). Put 
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any, Callable, Dict, Mapping, MutableMapping, Optional, TypeVar
 
 T = TypeVar("T")
@@ -29,6 +30,13 @@ def build_named(kind: str, registry: Mapping[str, Callable[..., T]], name: str, 
     unknown = sorted(set(params) - set(valid))
     if unknown and not accepts_any:
         raise ValueError(f"{kind}_params for {name!r}: unknown parameter(s) {unknown}; valid: {valid}")
+    for key, value in params.items():  # one line naming the parameter and its value, before the method sees it
+        default = sig.parameters[key].default if key in sig.parameters else inspect.Parameter.empty
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{kind}_params[{key!r}] for {name!r}: must be finite, got {value!r}")
+        if isinstance(default, float) and not isinstance(default, bool) and isinstance(value, str):
+            raise ValueError(f"{kind}_params[{key!r}] for {name!r}: must be a number (its default is {default!r}), "
+                             f"got {value!r}")
     try:
         return factory(**params)
     except (TypeError, ValueError) as exc:

@@ -289,3 +289,37 @@ def test_every_stored_config_under_figures_still_loads_unchanged(example_plugin)
     if not (REPO / "figures").is_dir():
         pytest.skip("no figures/ folder in this checkout")
     assert loaded > 0
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("label_alpha", float("inf"), "config field 'label_alpha': must be finite or null, got inf"),
+    ("sh", float("nan"), "config field 'sh': must be finite, got nan"),
+    ("images_per_client", 1, "config field 'images_per_client': must be at least batch_size (10)"),
+    ("batch_size", 1000, "config field 'images_per_client': must be at least batch_size (1000)"),
+])
+def test_numeric_fields_are_finite_and_in_range_naming_the_field(field, value, message):
+    with pytest.raises(ValueError, match=re_escape(message)):
+        ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", **{field: value})
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"lr": float("inf")}, "local_params['lr'] for 'tent': must be finite, got inf"),
+    ({"lr": "abc"}, "local_params['lr'] for 'tent': must be a number (its default is 0.0001), got 'abc'"),
+])
+def test_method_parameters_are_finite_numbers_naming_the_parameter(params, message):
+    with pytest.raises(ValueError, match=re_escape(message)):
+        ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", local="tent", local_params=params)
+
+
+def test_a_yaml_key_given_twice_is_refused_naming_it(tmp_path, capsys):
+    path = tmp_path / "dup.yaml"
+    path.write_text("dataset: embedded_digits\nscenario: heterogeneity\nclients: 2\nclients: 3\n")
+    assert main(["run", "--config", str(path), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "key 'clients' is given twice (first at line 3)" in err[0]
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)

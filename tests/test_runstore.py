@@ -180,6 +180,39 @@ def test_another_config_is_refused_unless_overwrite(tmp_path, reference):
     assert res.summary["config"]["seed"] == 4
 
 
+def test_a_stale_finished_run_is_refused_unless_reused_or_overwritten(tmp_path, capsys, reference):
+    """``run --out`` on a finished run whose code changed meaning since (a unit's version bumped) says so in one
+    line and exits 2, instead of printing the stale result; ``--reuse-stale`` reads it back, ``--overwrite`` runs it
+    again (current then)."""
+    from ftta_core.cli import main
+
+    def bump_fedavg(folder):
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["code"]["units"]["strategies.basic"] = 0  # as if FedAvg's version had been bumped since
+        (folder / "summary.json").write_text(json.dumps(summary))
+
+    folder = tmp_path / "run"
+    run_experiment(CFG, out=folder)
+    bump_fedavg(folder)
+    with pytest.raises(RunStoreError, match=r"changed since \(strategies.basic@0->1\).*--overwrite.*--reuse-stale"):
+        run_experiment(CFG, out=folder)
+    assert run_experiment(CFG, out=folder, reuse_stale=True).summary["code"]["units"]["strategies.basic"] == 0
+    again = run_experiment(CFG, out=folder, overwrite=True)
+    assert again.summary["code"]["units"]["strategies.basic"] == 1
+    assert again.summary["accuracy"] == reference.summary["accuracy"]
+
+    cli = ["run", "--dataset", "embedded_digits", "--scenario", "heterogeneity", "--corruptions", "gaussian_noise",
+           "--clients", "2", "--batch-size", "8", "--images-per-client", "16", "--local", "bn", "--strategy",
+           "fedavg", "--device", "cpu", "--out", str(tmp_path / "cli")]
+    assert main(cli) == 0
+    capsys.readouterr()
+    bump_fedavg(tmp_path / "cli")
+    assert main(cli) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "changed since (strategies.basic@0->1)" in err[0]
+    assert main(cli + ["--reuse-stale"]) == 0 and main(cli + ["--overwrite"]) == 0
+
+
 def test_empty_out_is_refused(capsys):
     from ftta_core.cli import main
 
@@ -347,3 +380,36 @@ def test_a_resumable_run_left_by_other_code_is_made_again_not_resumed_or_read_ba
     monkeypatch.setattr(workbook, "stale_modules", lambda record: ["ftta_core.strategies.basic:FedAvg"])
     with pytest.raises(RunStoreError, match="the code changed while the run ran"):
         workbook.resumable_run(cfg, fresh)
+
+
+def test_a_run_killed_after_its_last_commit_resumes_to_the_same_summary(tmp_path, monkeypatch, reference):
+    """A kill inside ``RunWriter.finish`` before ``summary.json`` lands leaves a checkpoint at the last step: the
+    resume runs no step and must still write the recorder's numbers (upload size per client and step included)."""
+    folder = tmp_path / "run"
+
+    def killed(self, *args, **kwargs):
+        raise KeyboardInterrupt("killed before the summary was written")
+
+    with monkeypatch.context() as m:
+        m.setattr(experiment.RunWriter, "finish", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_experiment(CFG, out=folder)
+    assert (folder / "checkpoint.pt").exists() and not (folder / "summary.json").exists()
+
+    def no_step(*args, **kwargs):
+        raise AssertionError("the resume ran a step although every step was committed")
+
+    monkeypatch.setattr(experiment.Engine, "step", no_step)
+    resumed = run_experiment(CFG, out=folder).summary
+    assert resumed["upload_bytes_per_client_step"] == reference.summary["upload_bytes_per_client_step"] > 0
+    assert resumed["accuracy"] == reference.summary["accuracy"]
+
+
+def test_temporary_files_of_killed_writes_are_removed_on_the_next_start(tmp_path, reference):
+    folder = tmp_path / "run"
+    (folder / "collaboration_parts").mkdir(parents=True)
+    left = [folder / ".checkpoint.pt.4242.abcd.tmp", folder / "collaboration_parts" / ".00000010.npy.4242.ef.tmp"]
+    for path in left:
+        path.write_bytes(b"\0" * 1024)  # what a kill during a write leaves
+    run_experiment(CFG, out=folder)
+    assert not any(path.exists() for path in left) and not list(folder.rglob("*.tmp"))

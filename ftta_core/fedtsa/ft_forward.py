@@ -78,7 +78,7 @@ def ft_forward_run(cfg: ExperimentConfig, out: Path | str, data_root: Optional[s
             probe = AdaptOutputs(engine.local)
             engine.local = probe
             start, recorder.rows, recorder.weights = writer.resume(engine)
-            recorder.classes = writer.classes
+            recorder.classes, recorder.upload_bytes = writer.classes, writer.upload_bytes
             t0 = time.perf_counter()
             for t in run.steps(start, progress=progress):
                 batch = run.stream.batch(t)
@@ -90,7 +90,8 @@ def ft_forward_run(cfg: ExperimentConfig, out: Path | str, data_root: Optional[s
                 for row in recorder.slot_rows[-engine.n_clients:]:
                     row[READING] = int(correct[row["client"]])
                 if recorder.slot_done(t, run.n_steps):
-                    writer.commit(engine, t + 1, recorder.slot_rows, recorder.slot_weights, recorder.classes)
+                    writer.commit(engine, t + 1, recorder.slot_rows, recorder.slot_weights, recorder.classes,
+                                  recorder.upload_bytes)
                     recorder.close_slot()
         table = recorder.table()
         summary = summarize(table, cfg, time.perf_counter() - t0, run.device, recorder.upload_bytes,
