@@ -1,6 +1,6 @@
 """ftta_core: the library behind the ftta federated test-time adaptation workbook.
 
-Extending it (see the README, "Add your own method")::
+Extending it (see docs/adding-a-method.md)::
 
     from ftta_core import register_local, register_strategy   # decorators: @register_local("mytent")
     from ftta_core import load_plugins                         # --plugin / $FTTA_PLUGINS / 'ftta.plugins' entry points

@@ -1,4 +1,4 @@
-"""The layers of ``ftta_core`` (README "Layout"): no import cycles, and no layer importing one above it, as declared
+"""The layers of ``ftta_core`` (docs/layout.md): no import cycles, and no layer importing one above it, as declared
 in ``pyproject.toml``'s ``[tool.importlinter]`` and checked by import-linter on the source as it is."""
 from __future__ import annotations
 

@@ -227,7 +227,7 @@ def test_environment_yml_installs_what_the_makefile_installs():
 
 
 def test_test_extra_keeps_flower():
-    """`pip install -e .[test]` (README, Flower section) still brings Flower and its simulation engine."""
+    """`pip install -e .[test]` (docs/flower.md) still brings Flower and its simulation engine."""
     project = pyproject()
     extras = project["project"]["optional-dependencies"]
     flower = pinned(extras["flower"], project)

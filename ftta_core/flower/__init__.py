@@ -2,7 +2,7 @@
 
 Runs in process through ``LocalGrid``, and on Flower's simulation engine (Ray) or a
 real deployment (``flower-superlink`` + ``flower-supernode`` + ``flwr run ftta_core/flower/app``) through
-``ftta_core.flower.deploy`` (see the README's "Deploying a strategy across machines with Flower").
+``ftta_core.flower.deploy`` (see docs/flower.md).
 The names below are imported on first use: a ClientApp process (one per message in a deployment) that imports
 ``ftta_core.flower.deploy`` does not pay for FedAcross+'s torchvision.
 """
