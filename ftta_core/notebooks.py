@@ -39,6 +39,9 @@ NOTEBOOK_OUTPUT_PARAMETERS: Dict[str, Dict[str, tuple]] = {"40_fedicon": {"resul
 # kernels (a run started from a JupyterLab kernel must still render ``explorer``'s static figures).
 KERNEL_ENV = {PROGRESS_ENV: "0"}
 FRONTEND_ENV = "JPY_SESSION_NAME"
+# never passed to a kernel: with it (e.g. MPLBACKEND=Agg from a test shell) a notebook draws its figures to files only
+# and its executed copy shows none inline
+KERNEL_DROPPED_ENV = ("MPLBACKEND",)
 
 IN_PLACE_SMOKE_REFUSED = ("--in-place refuses a smoke run (--smoke, -p smoke=True or FTTA_SMOKE=1): smoke outputs "
                           "must never land in the tracked notebooks")
@@ -219,10 +222,11 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
 @contextlib.contextmanager
 def kernel_environment() -> Iterator[None]:
     """``os.environ`` as the notebooks' kernels inherit it while papermill starts them (restored afterwards):
-    ``KERNEL_ENV`` (a value the user set wins) and no ``FRONTEND_ENV``."""
+    ``KERNEL_ENV`` (a value the user set wins), no ``FRONTEND_ENV`` and no ``KERNEL_DROPPED_ENV`` (figures inline)."""
     saved = dict(os.environ)
     os.environ.update({k: v for k, v in KERNEL_ENV.items() if k not in saved})
-    os.environ.pop(FRONTEND_ENV, None)
+    for name in (FRONTEND_ENV, *KERNEL_DROPPED_ENV):
+        os.environ.pop(name, None)
     try:
         yield
     finally:

@@ -74,3 +74,23 @@ def test_papermill_sees_every_parameter(path, tmp_path):
     finally:
         logging.getLogger("papermill").disabled = False
     assert [a for a in assigned if a not in seen] == [], f"{path.stem}.py: papermill cannot parse these parameters"
+
+
+@pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.py")), ids=lambda p: p.stem)
+def test_a_notebook_that_saves_figures_shows_them_inline(path):
+    """A reader in JupyterLab sees every figure a notebook makes: a notebook whose source saves a figure has image
+    outputs in its committed execution (executed with an inline backend, not Agg)."""
+    if "savefig(" not in path.read_text():
+        pytest.skip("makes no figure")
+    nb = nbformat.read(path.with_suffix(".ipynb"), as_version=4)
+    images = sum("image/png" in out.get("data", {}) for cell in nb.cells for out in cell.get("outputs", []))
+    assert images > 0, f"{path.with_suffix('.ipynb').name} saves figures but shows none inline"
+
+
+def test_kernels_never_inherit_a_non_inline_matplotlib_backend(monkeypatch):
+    import os
+
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    with nbrun.kernel_environment():
+        assert "MPLBACKEND" not in os.environ
+    assert os.environ["MPLBACKEND"] == "Agg"
