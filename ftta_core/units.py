@@ -222,12 +222,6 @@ def units_of_module(module: str, names: Optional[Iterable[str]] = None) -> Set[s
     return {u for n in (defs if names is None else names) if (u := unit_of(module, n)) is not None}
 
 
-def all_modules() -> List[str]:
-    """Every module of the package (short names, package ``__init__`` modules excluded)."""
-    return sorted(".".join(p.relative_to(PACKAGE_DIR).with_suffix("").parts) for p in PACKAGE_DIR.rglob("*.py")
-                  if p.name != "__init__.py" and "__pycache__" not in p.parts)
-
-
 def unit_members(unit: str) -> Dict[str, str]:
     """``{"module:name": hash}`` of every definition that belongs to ``unit`` today."""
     modules: Set[str] = set()
