@@ -13,9 +13,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from . import stats
+from .fedtsa import step_rule
 from .fedtsa.table1 import GRAD_CELLS, stored_table1_runs
 from .paper import METHOD_LABELS, TTA_SETTINGS, paper_table
 from .plan import REPO_DIR
+from .stats import MARGIN, Estimate
 
 RESULTS_DIR = REPO_DIR / "figures" / "fedtsa_table1" / "runs"  # in the repository, whatever the working folder
 SEEDS = (0, 1, 2, 3, 4)
@@ -30,7 +33,7 @@ FEDCTTA_VARIANTS: Dict[str, Variant] = {"FedCTTA (probe_bn=client)": ("fedctta",
 # the reference clients' cell at the step size where their Local drifts below its TTA-bn Local without collapsing,
 # as the paper's does (Adam 3e-4: figures/fedtsa_table1/tta_grad_step_size.md, 1e-5 to 1e-3); the claims are also
 # read there, with every strategy of FedTSA's Table 1 (the issue's "if a cell reproduces the paper's pattern")
-DRIFT_STEP: Tuple[str, float] = ("grad-running-adam", 3e-4)
+DRIFT_STEP: Tuple[str, float] = (step_rule.CELL, step_rule.POST_HOC_STEP)
 # FedTSA Table 1's strategies (FedCTTA is not in that table: its claims are FedCTTA Table I's, below)
 TABLE1_STRATEGIES = tuple(s for s in METHOD_LABELS if s not in ("source", "local", "fedctta"))
 # the (TTA-grad cell, setting, step size: None for the cell's own) each probe normalisation is read in: "eval"
@@ -60,13 +63,10 @@ def accuracies(results_dir: Path | str, tta: str, setting: str, variant: Variant
     return out
 
 
-def paired(a: pd.Series, b: pd.Series) -> Tuple[float, float, List[int]]:
-    """Mean and standard deviation (NaN below 2) of ``a - b`` over the seeds both have a value for (a run stored
-    without the measure, NaN, does not count), and those seeds."""
-    both = sorted(a.dropna().index.intersection(b.dropna().index))
-    d = a[both] - b[both]
-    return (float(d.mean()) if both else float("nan"), float(d.std(ddof=1)) if len(both) > 1 else float("nan"),
-            list(both))
+def paired(a: pd.Series, b: pd.Series) -> Estimate:
+    """``a - b`` paired by seed with its 95 % interval (``stats.paired``; a run stored without the measure, NaN,
+    does not count)."""
+    return stats.paired(a, b)
 
 
 def stale_used(seeds: Sequence[int], *series: pd.Series) -> int:
@@ -74,27 +74,21 @@ def stale_used(seeds: Sequence[int], *series: pd.Series) -> int:
     return sum(len(set(s.attrs.get("stale", [])) & set(seeds)) for s in series)
 
 
-# a difference on the paper's side of 0 but more than this many times the paper's, or under this fraction of it, has
-# the paper's direction and not its size (e.g. FedAvgM 38 points below FedAvg where the paper has 2): 'direction only'
-MAGNITUDE_FACTOR = 3.0
-
-
-def verdict(ours: float, paper: float, tie: float, factor: Optional[float] = MAGNITUDE_FACTOR) -> str:
-    """'holds' when ours is within ``tie`` of the paper's value, or falls on the paper's side of 0 by more than
-    ``tie`` (within ``tie`` when the paper's is) and within a factor ``factor`` of it; 'direction only' when the side
-    is the paper's and the size is not; 'does not hold' otherwise; 'no run' when ours is NaN. Within ``tie`` of the
-    paper's value holds whichever side of the band each falls (+0.53 against +0.47 with ``tie`` 0.5).
-    ``factor`` None: the side alone (a claim without a number, e.g. "W clusters by domain")."""
-    if np.isnan(ours):
-        return "no run"
-    if factor is not None and abs(ours - paper) <= tie:
-        return "holds"
-    side = lambda x: 0 if abs(x) <= tie else (1 if x > 0 else -1)  # noqa: E731
-    if side(ours) != side(paper):
-        return "does not hold"
-    if factor is None or side(paper) == 0 or 1 / factor <= ours / paper <= factor:
-        return "holds"
-    return "direction only"
+def cell_class(tta: str, lr: Optional[float] = None, seeds: Sequence[int] = SEEDS,
+               results_dir: Path | str = RESULTS_DIR) -> str:
+    """The class a claim's cell is counted in (``stats.CELL_CLASSES``): TTA-bn and FedTSA's stated TTA-grad ("grad":
+    batch BN, SGD 1e-4) are the paper's protocol; the running-BN Adam cell at its own step the reference code's; the
+    other two cells of the TTA-grad 2x2 were set before any result; a step other than the cell's own is the
+    step-size rule's pick on the replication seeds, or the post-hoc drift step (on the seeds it was chosen on, or on
+    unseen ones)."""
+    if lr is None:
+        return {"bn": "paper protocol", "grad": "paper protocol",
+                "grad-running-adam": "reference code protocol"}.get(tta, "factorial cell (set before results)")
+    unseen = bool(seeds) and set(seeds) <= set(step_rule.REPLICATION_SEEDS)
+    rule = step_rule.chosen_step(results_dir) if unseen else None
+    if unseen and rule is not None and abs(lr - rule) < 1e-12 and tta == step_rule.CELL:
+        return "rule-chosen (pre-registered)"
+    return "post hoc, unseen seeds" if unseen else "post hoc"
 
 
 def _paper(table: str, dataset: str = "cifar10") -> pd.Series:
@@ -107,22 +101,32 @@ def _grad_difference(paper: pd.Series, method: str, against: str, setting: str) 
     return paper[(method, setting, "grad")] - paper[(against, setting, "grad")]
 
 
-def _difference_row(a: pd.Series, b: pd.Series, theirs: float, tie: float) -> Dict[str, Any]:
+def _difference_row(a: pd.Series, b: pd.Series, theirs: float, tie: float = MARGIN) -> Dict[str, Any]:
     """``a`` - ``b`` paired by seed beside the paper's ``theirs``: the columns every difference table shares
-    (``ours``, ``ours sd``, ``seeds``, ``paper``, ``verdict``, ``stale runs``)."""
-    mean, sd, seeds = paired(a, b)
-    return {"ours": mean, "ours sd": sd, "seeds": len(seeds), "paper": theirs, "verdict": verdict(mean, theirs, tie),
-            "stale runs": stale_used(seeds, a, b)}
+    (``stats.compare``: ``ours``, ``low``, ``high``, ``seeds``, ``paper``, ``verdict``, ``identical``; and
+    ``stale runs``)."""
+    out = stats.compare(a, b, theirs, tie)
+    return {**out, "stale runs": stale_used(list(paired(a, b).seeds), a, b)}
 
 
-def _row(claim: str, source: str, paper: float, ours: Tuple[float, float, List[int]], tie: float,
-         settled_by: str, *runs: pd.Series) -> Dict[str, Any]:
-    """One claim row; ``runs``: the ``accuracies`` series compared, whose stale runs at the paired seeds are
-    counted (``stale runs``) and named in ``settled by``."""
-    mean, sd, seeds = ours
+def _row(claim: str, source: str, paper: float, ours: Estimate, tie: float, settled_by: str, *runs: pd.Series,
+         cell: str = "", cell_class: str = "paper protocol", kind: Optional[str] = None, side: int = 1,
+         not_counted: str = "") -> Dict[str, Any]:
+    """One claim row: the paper's number, ours (``ours``: a ``stats.paired`` estimate) with its interval, the
+    verdict (``stats.verdict``; ``kind``/``side`` for a claim without a number), the former rule's verdict, the
+    cell and its class, whether both sides are equal at every seed (``identical``: holds by construction),
+    ``not counted`` (why a row is not counted as a reproduction, e.g. decided by the step-size rule) and the
+    runs compared (``runs``: ``accuracies`` series whose stale runs at the paired seeds are counted)."""
+    seeds = list(ours.seeds)
     stale = stale_used(seeds, *runs)
-    return {"claim": claim, "source": source, "paper": paper, "ours": mean, "ours sd": sd, "seeds": len(seeds),
-            "verdict": verdict(mean, paper, tie), "stale runs": stale,
+    former = ("no run" if pd.isna(ours.mean) else
+              stats.former_verdict(ours.mean, 1.0 + tie if kind == "direction" else paper, tie,
+                                   None if kind == "direction" else 3.0))
+    return {"claim": claim, "source": source, "paper": paper, "ours": ours.mean, "low": ours.low,
+            "high": ours.high, "seeds": ours.n, "verdict": stats.verdict(ours, paper, tie, kind, side),
+            "former verdict": former, "identical": ours.identical,
+            "not counted": "by construction" if ours.identical else not_counted,
+            "cell": cell, "cell class": cell_class, "stale runs": stale,
             "settled by": settled_by + (f", seeds {seeds}" if seeds else "")
             + (f" ({stale} run(s) made by code that has changed since)" if stale else "")}
 
@@ -140,55 +144,61 @@ def _best_of(parts: Sequence[pd.Series]) -> pd.Series:
 
 
 def _grad_cell_claims(results_dir: Path | str, cell: str, lr: Optional[float], setting: str,
-                      strategies: Sequence[str], tie: float, local_bn: pd.Series, best: bool) -> List[dict]:
-    """The TTA-grad claims of FedTSA Table 1 in one (cell, step size, setting): Local(grad) - Local(bn), each of
-    ``strategies`` - Local (FedAvg's also against FedCTTA's Table I) and, with ``best``, FedTSA - the best other
-    strategy (the paper's "FedTSA best")."""
+                      strategies: Sequence[str], tie: float, local_bn: pd.Series, best: bool,
+                      seeds: Sequence[int] = SEEDS) -> List[dict]:
+    """The TTA-grad claims of FedTSA Table 1 in one (cell, step size, setting) at ``seeds``: Local(grad) -
+    Local(bn), each of ``strategies`` - Local (FedAvg's also against FedCTTA's Table I, one row per paper) and, with
+    ``best``, FedTSA - the best other strategy (the paper's "FedTSA best"); each row with its cell and cell class."""
     paper, fedctta = _paper("fedtsa_table1"), _paper("fedctta_table1")
-    local = accuracies(results_dir, cell, setting, ("local", {}), lr=lr)
+    local = accuracies(results_dir, cell, setting, ("local", {}), seeds, lr=lr)
     where = f"{_cell_label(cell, lr)}, {setting.upper()}"
+    klass = cell_class(cell, lr, seeds, results_dir)
+    at = {"cell": _cell_label(cell, lr), "cell_class": klass}
     rows = [_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
                  paper[("Local", setting, "grad")] - paper[("Local", setting, "bn")], paired(local, local_bn), tie,
-                 where, local, local_bn)]
-    runs = {s: accuracies(results_dir, cell, setting, (s, {}), lr=lr) for s in strategies}
+                 where, local, local_bn, **at,
+                 not_counted="decided by the step-size rule" if klass == "rule-chosen (pre-registered)" else "")]
+    runs = {s: accuracies(results_dir, cell, setting, (s, {}), seeds, lr=lr) for s in strategies}
     for s, theirs in runs.items():
         label = METHOD_LABELS[s]
         ours = paired(theirs, local)
         rows.append({**_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
                             _grad_difference(paper, label, "Local", setting), ours, tie, where,
-                            theirs, local), "method": label, "setting": setting})
+                            theirs, local, **at), "method": label, "setting": setting})
         if s == "fedavg":
             rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
                              _grad_difference(fedctta, label, "Local", setting), ours,
-                             tie, where, theirs, local))
+                             tie, where, theirs, local, **at))
     if best:
         others = [s for s in strategies if s != "fedtsa"]
         rival = _best_of([runs[s] for s in others])
         theirs = max(paper[(METHOD_LABELS[s], setting, "grad")] for s in others)
         rows.append(_row(f"FedTSA best under TTA-grad, {setting.upper()} (minus the best other strategy)",
                          "FedTSA Table 1", paper[("FedTSA", setting, "grad")] - theirs,
-                         paired(runs["fedtsa"], rival), tie, where, runs["fedtsa"], *runs.values()))
+                         paired(runs["fedtsa"], rival), tie, where, runs["fedtsa"], *runs.values(), **at))
     return rows
 
 
-def strategy_gains(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5, step: Tuple[str, float] = DRIFT_STEP,
+def strategy_gains(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN, step: Tuple[str, float] = DRIFT_STEP,
                    settings: Sequence[str] = ("niid", "iid")) -> pd.DataFrame:
     """Table 1's TTA-grad rows as gains over Local in one (cell, step size): per (setting, strategy of
-    ``TABLE1_STRATEGIES``) our gain paired by seed (``ours``, ``ours sd``, ``seeds``), the paper's (FedTSA Table 1) and
-    the verdict (``tie``); the rows of ``tta_grad_claims`` for that step."""
+    ``TABLE1_STRATEGIES``) our gain paired by seed (``ours`` with its 95 % interval ``low``-``high``, ``seeds``),
+    the paper's (FedTSA Table 1) and the verdict (``stats.verdict``); the rows of ``tta_grad_claims`` for that
+    step."""
     cell, lr = step
     rows = [r for setting in settings
             for r in _grad_cell_claims(results_dir, cell, lr, setting, TABLE1_STRATEGIES, tie,
                                        accuracies(results_dir, "bn", setting, ("local", {})), False)
             if "method" in r]
-    return pd.DataFrame(rows)[["setting", "method", "paper", "ours", "ours sd", "seeds", "verdict", "stale runs",
-                               "settled by"]]
+    return pd.DataFrame(rows)[["setting", "method", "paper", "ours", "low", "high", "seeds", "verdict",
+                               "cell class", "stale runs", "settled by"]]
 
 
-def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
-    """``strategy_gains`` in sentences, per setting: how many strategies with runs gain more than ``tie`` over Local
-    (and how many of the same strategies do in the paper), how alike the two rank them (Spearman, from three
-    strategies on), and the best strategy in each."""
+def strategy_gains_reading(table: pd.DataFrame, tie: float = MARGIN) -> str:
+    """``strategy_gains`` in sentences, per setting: how many strategies with runs gain over Local with an
+    interval that excludes 0 (and how many of the same strategies gain more than ``tie`` in the paper), the verdict
+    counts (``stats.verdict``), how alike the two rank them (Spearman, from three strategies on), and the best
+    strategy in each."""
     parts = []
     for setting, g in table.groupby("setting", sort=False):
         ran = g.dropna(subset=["ours"])
@@ -198,15 +208,16 @@ def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
         seeds = sorted(set(ran["seeds"]))
         text = (f"{setting.upper()} ({len(ran)} of {len(g)} strategies with runs, "
                 f"{seeds[0] if len(seeds) == 1 else f'{seeds[0]}-{seeds[-1]}'} seed(s) each): "
-                f"{int((ran['ours'] > tie).sum())} gain more than {tie:g} points over Local (the paper: "
-                f"{int((ran['paper'] > tie).sum())} of the same); the verdict holds for "
+                f"{int((ran['low'] > 0).sum())} gain over Local with a 95 % interval above 0 (the paper: "
+                f"{int((ran['paper'] > tie).sum())} of the same gain more than {tie:g}); the verdict holds for "
                 f"{int((ran['verdict'] == 'holds').sum())} of {len(ran)}")
-        for name, said in (("direction only", f"in direction only (size off by more than {MAGNITUDE_FACTOR:g}x)"),
-                           ("does not hold", "does not hold")):
+        for name, said in (("direction only", "in direction only (the interval misses the paper's size)"),
+                           ("does not hold", "does not hold"), ("undetermined", "is undetermined")):
             differ = ran[ran["verdict"] == name]
             if len(differ):
-                text += f", {said} for " + ", ".join(f"{r['method']} {r['ours']:+.2f} vs {r['paper']:+.2f}"
-                                                     for r in differ.to_dict("records"))
+                text += f", {said} for " + ", ".join(
+                    f"{r['method']} {r['ours']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] vs {r['paper']:+.2f}"
+                    for r in differ.to_dict("records"))
         best, paper_best = ran.loc[ran["ours"].idxmax()], ran.loc[ran["paper"].idxmax()]
         text += (f"; best over Local: ours {best['method']} ({best['ours']:+.2f}), the paper's among the same "
                  f"strategies {paper_best['method']} ({paper_best['paper']:+.2f})"
@@ -220,7 +231,7 @@ def strategy_gains_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
 def difference_by_step(results_dir: Path | str = RESULTS_DIR, strategy: str = "fedavg_ft", against: str = "fedavg",
                        steps: Sequence[Tuple[str, Optional[float]]] = (("grad", None), (DRIFT_STEP[0], None),
                                                                        DRIFT_STEP),
-                       settings: Sequence[str] = ("niid", "iid"), tie: float = 0.5,
+                       settings: Sequence[str] = ("niid", "iid"), tie: float = MARGIN,
                        params: Optional[Mapping[str, Any]] = None) -> pd.DataFrame:
     """``strategy`` - ``against`` in each (TTA-grad cell, step size: None for the cell's own) of ``steps``, paired
     by seed, beside the paper's difference of the two (FedTSA Table 1, TTA-grad) with the verdict (``tie``): what a
@@ -240,19 +251,26 @@ def difference_by_step(results_dir: Path | str = RESULTS_DIR, strategy: str = "f
     return pd.DataFrame(rows)
 
 
+def _interval(r: Mapping[str, Any]) -> str:
+    """A row's mean with its interval and seeds: '+1.23 [+0.10, +2.36] (5 seeds)'."""
+    if r["seeds"] < 2:
+        return f"{r['ours']:+.2f} (1 seed)"
+    return f"{r['ours']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] ({r['seeds']} seeds)"
+
+
 def difference_by_step_reading(table: pd.DataFrame) -> str:
     """``difference_by_step`` (one or several, concatenated) in one sentence per (setting, difference): ours at each
     cell and step size with runs, beside the paper's."""
     parts = []
     for (setting, difference), g in table.groupby(["setting", "difference"], sort=False):
         ran = g[g.seeds > 0]
-        said = ", ".join(f"{r['ours']:+.2f} in {r['cell']} ({r['seeds']} seed(s))" for r in ran.to_dict("records"))
+        said = ", ".join(f"{_interval(r)} in {r['cell']} ({r['verdict']})" for r in ran.to_dict("records"))
         parts.append(f"{setting.upper()}: {difference} " + (said or "not run yet")
                      + f"; the paper {g['paper'].iloc[0]:+.2f}.")
     return " ".join(parts)
 
 
-def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
+def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN,
                     cells: Sequence[str] = GRAD_CELLS, settings: Sequence[str] = ("niid", "iid"),
                     drift: Sequence[Tuple[str, float]] = (DRIFT_STEP,)) -> List[dict]:
     """FedTSA Table 1 under TTA-grad, per 2x2 cell: Local(grad) - Local(bn), FedAvg - Local, FedTSA - Local (and
@@ -269,7 +287,27 @@ def tta_grad_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
     return rows
 
 
-def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
+def replication_claims(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN,
+                       settings: Sequence[str] = ("niid", "iid")) -> List[dict]:
+    """The TTA-grad claims about ``step_rule.REPLICATION_STRATEGIES`` on the replication seeds (none of the stored
+    protocol runs used them), at the step the pre-registered rule picks and, when it picks another, at the
+    post-hoc drift step (docs/statistics.md); nothing until the rule has picked."""
+    rule = step_rule.chosen_step(results_dir)
+    if rule is None:
+        return []
+    steps = [rule] + ([DRIFT_STEP[1]] if abs(rule - DRIFT_STEP[1]) > 1e-12 else [])
+    strategies = [s for s in step_rule.REPLICATION_STRATEGIES if s != "local"]
+    seeds = step_rule.REPLICATION_SEEDS
+    rows = []
+    for setting in settings:
+        local_bn = accuracies(results_dir, "bn", setting, ("local", {}), seeds)
+        for lr in steps:
+            rows += _grad_cell_claims(results_dir, step_rule.CELL, lr, setting, strategies, tie, local_bn, False,
+                                      seeds)
+    return rows
+
+
+def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN,
                    others: Sequence[str] = ("local", "fedavg", "fedavgm", "fedtsa")) -> List[dict]:
     """FedCTTA Table I: best under NIID TTA-bn (against the best of ``others`` per seed), not below FedAvg under IID
     TTA-bn, above Local under TTA-grad (in the cells, settings and step sizes ``FEDCTTA_GRAD_CELLS`` names: the batch-BN SGD cell, the
@@ -283,22 +321,23 @@ def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
         best = _best_of(parts)
         rows.append(_row("FedCTTA best under TTA-bn, NIID (minus the best of Local/FedAvg/FedAvgM/FedTSA)",
                          "FedCTTA Table I", paper[("FedCTTA", "niid", "bn")] - best_other_paper,
-                         paired(ours, best), tie, f"{label}, TTA-bn, NIID", ours, *parts))
+                         paired(ours, best), tie, f"{label}, TTA-bn, NIID", ours, *parts, cell=f"{label}, TTA-bn"))
         iid, fedavg = accuracies(results_dir, "bn", "iid", variant), accuracies(results_dir, "bn", "iid", ("fedavg", {}))
         rows.append(_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
                          paper[("FedCTTA", "iid", "bn")] - paper[("FedAvg", "iid", "bn")],
-                         paired(iid, fedavg), tie, f"{label}, TTA-bn, IID", iid, fedavg))
+                         paired(iid, fedavg), tie, f"{label}, TTA-bn, IID", iid, fedavg, cell=f"{label}, TTA-bn"))
         for cell, setting, lr in FEDCTTA_GRAD_CELLS[label]:
             grad, local = (accuracies(results_dir, cell, setting, variant, lr=lr),
                            accuracies(results_dir, cell, setting, ("local", {}), lr=lr))
             rows.append(_row(f"FedCTTA above Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
                              _grad_difference(paper, "FedCTTA", "Local", setting),
                              paired(grad, local), tie, f"{label}, {_cell_label(cell, lr)}, {setting.upper()}", grad,
-                             local))
+                             local, cell=f"{label}, {_cell_label(cell, lr)}",
+                             cell_class=cell_class(cell, lr, SEEDS, results_dir)))
     return rows
 
 
-def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> List[dict]:
+def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN) -> List[dict]:
     """FedAvgM equal to FedAvg under TTA-bn (both papers' tables), for momentum on every shared tensor and on
     parameters only (under TTA-bn the shared tensors are BN statistics, so the latter is FedAvg by construction)."""
     paper = _paper("fedctta_table1")
@@ -309,7 +348,8 @@ def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5) -> L
             ours = accuracies(results_dir, "bn", setting, variant)
             rows.append(_row(f"FedAvgM equal to FedAvg under TTA-bn, {setting.upper()}", "FedCTTA Table I",
                              paper[("FedAvgM", setting, "bn")] - paper[("FedAvg", setting, "bn")],
-                             paired(ours, fedavg), tie, f"{label}, TTA-bn, {setting.upper()}", ours, fedavg))
+                             paired(ours, fedavg), tie, f"{label}, TTA-bn, {setting.upper()}", ours, fedavg,
+                             cell=f"{label}, TTA-bn"))
     return rows
 
 
@@ -335,32 +375,61 @@ def claim_grids() -> List[Tuple[str, str, Optional[float], Dict[str, Dict[str, A
     return grids
 
 
-def claims_table(results_dir: Path | str = RESULTS_DIR, tie: float = 0.5,
+def claims_table(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN,
                  extra: Optional[Sequence[Mapping[str, Any]]] = None) -> pd.DataFrame:
-    """All client-fidelity claims with the paper's difference, ours (mean, sd, seeds), the verdict and the runs.
-    ``extra``: more rows of the same shape (e.g. ``temperature.pfedbbn_claims``)."""
-    rows = tta_grad_claims(results_dir, tie) + fedctta_claims(results_dir, tie) + fedavgm_claims(results_dir, tie)
+    """All client-fidelity claims: the paper's difference, ours with its 95 % interval and seeds, the verdict
+    (``stats.verdict``) and the former rule's, the cell and its class, whether the row holds by construction, and
+    the runs. ``extra``: more rows of the same shape (e.g. ``temperature.pfedbbn_claims``)."""
+    rows = (tta_grad_claims(results_dir, tie) + replication_claims(results_dir, tie)
+            + fedctta_claims(results_dir, tie) + fedavgm_claims(results_dir, tie))
     return pd.DataFrame(rows + list(extra or []))
 
 
+CLAIM_COLUMNS = ["paper", "ours", "low", "high", "seeds", "verdict", "former verdict", "not counted", "stale runs"]
+
+
+def claims_counts(table: pd.DataFrame) -> pd.DataFrame:
+    """Verdict counts per cell class under the rule (``stats.count_by_class``) beside the former rule's counts
+    (rows not counted left out of both), with a total row."""
+    new = stats.count_by_class(table)
+    counted = table[table["not counted"].fillna("") == ""]
+    former = pd.crosstab(counted["cell class"], counted["former verdict"]).add_prefix("former: ")
+    out = new.join(former, how="left").fillna(0).astype(int)
+    out.loc["all"] = out.sum()
+    return out
+
+
 def claims_reading(table: pd.DataFrame) -> str:
-    """How many claims hold, do not hold, or lack runs, and which hold (computed from ``claims_table``)."""
-    counts = table["verdict"].value_counts()
-    held = table[table["verdict"] == "holds"]
+    """The verdict counts per cell class (computed from ``claims_table``): how many hold under the rule and under
+    the former one, which rows changed verdict, which are not counted and why, and stale runs."""
+    counted = table[table["not counted"].fillna("") == ""]
+    parts = []
+    for klass, g in counted.groupby("cell class", sort=False):
+        n = g["verdict"].value_counts()
+        f = g["former verdict"].value_counts()
+        parts.append(f"{klass}: {n.get('holds', 0)} of {len(g)} hold ({n.get('direction only', 0)} in direction only, "
+                     f"{n.get('does not hold', 0)} do not, {n.get('undetermined', 0)} undetermined, "
+                     f"{n.get('no run', 0)} without a run; the former rule: {f.get('holds', 0)} hold)")
+    text = "Under the pre-stated rule (docs/statistics.md), per cell class: " + "; ".join(parts) + "."
+    changed = counted[(counted["verdict"] != counted["former verdict"]) & (counted["seeds"] > 0)]
+    if len(changed):
+        text += (f" {len(changed)} row(s) changed verdict: " + "; ".join(
+            f"{r['claim']} [{r['cell'] or r['settled by']}] {r['former verdict']} -> {r['verdict']} "
+            f"({_interval(r)} vs paper {r['paper']:+.2f})" for r in changed.to_dict("records")) + ".")
+    apart = table[table["not counted"].fillna("") != ""]
+    if len(apart):
+        text += " Not counted: " + "; ".join(f"{r['claim']} [{r['cell'] or r['settled by']}] ({r['not counted']})"
+                                             for r in apart.to_dict("records")) + "."
     stale = int((table.get("stale runs", pd.Series(dtype=int)).fillna(0) > 0).sum())
-    direction = table[table["verdict"] == "direction only"]
-    said = lambda rows: "; ".join(f"{r['claim']} [{r['settled by']}] ({r['ours']:+.2f} vs paper {r['paper']:+.2f})"  # noqa: E731
-                                  for r in rows.to_dict("records")) or "none"
-    return (f"{counts.get('holds', 0)} claim(s) hold, {counts.get('direction only', 0)} hold in direction only (on "
-            f"the paper's side of 0 but more than {MAGNITUDE_FACTOR:g}x or under 1/{MAGNITUDE_FACTOR:g} of its size), "
-            f"{counts.get('does not hold', 0)} do not, {counts.get('no run', 0)} have no stored run. Holding: "
-            + said(held) + "." + (f" In direction only: {said(direction)}." if len(direction) else "")
-            + (f" {stale} row(s) rest on runs made by code that has changed since (`python -m ftta_core runs "
-               f"figures --list stale` names them, `python -m ftta_core reproduce FILE` re-checks one)." if stale else ""))
+    if stale:
+        text += (f" {stale} row(s) rest on runs made by code that has changed since (`python -m ftta_core runs "
+                 f"figures --list stale` names them).")
+    return text
 
 
 __all__ = ["DRIFT_STEP", "TABLE1_STRATEGIES", "strategy_gains", "strategy_gains_reading", "difference_by_step",
-           "difference_by_step_reading", "accuracies", "paired", "stale_used", "verdict", "MAGNITUDE_FACTOR", "tta_grad_claims", "fedctta_claims", "fedavgm_claims", "claims_table",
+           "difference_by_step_reading", "accuracies", "paired", "stale_used", "cell_class", "tta_grad_claims",
+           "replication_claims", "fedctta_claims", "fedavgm_claims", "claims_table", "claims_counts", "CLAIM_COLUMNS",
            "claims_reading", "claim_grids", "statistics_contrasts", "FEDCTTA_VARIANTS", "FEDAVGM_VARIANTS"]
 
 
@@ -397,9 +466,10 @@ def _contrast_rows(quantities, factor: str, source: str, target: str, kept: str,
     """One contrast row per ``(quantity, after, before)``: the change paired by seed (``paired``)."""
     rows = []
     for what, after, before in quantities:
-        mean, sd, seeds = paired(after, before)
-        rows.append({"factor": factor, "from": source, "to": target, "kept": kept, "quantity": what, "change": mean,
-                     "change sd": sd, "seeds": len(seeds), "setting": setting})
+        est = paired(after, before)
+        rows.append({"factor": factor, "from": source, "to": target, "kept": kept, "quantity": what,
+                     "change": est.mean, "low": est.low, "high": est.high, "seeds": est.n,
+                     "comparison": stats.comparison(est), "setting": setting})
     return rows
 
 
@@ -454,31 +524,33 @@ def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequ
             grid = stored_table1_runs(results_dir, [strategy], list(seeds), ttas=(tta,), settings=(setting,),
                                       strategy_params=params, extra_keys=("weight_shares",), lr=lr)
             ours = accuracies(results_dir, tta, setting, (strategy, params), seeds, lr=lr)
-            mean, sd, both = paired(ours, reference)
+            est = paired(ours, reference)
             shares = pd.DataFrame(list(grid["weight_shares"].dropna())) if "weight_shares" in grid else pd.DataFrame()
             rows.append({"tta": tta, "setting": setting.upper(), "FedCTTA": label,
-                         "against": METHOD_LABELS.get(against, against), "difference": mean, "sd": sd,
-                         "seeds": len(both), "stale runs": stale_used(both, ours, reference),
+                         "against": METHOD_LABELS.get(against, against), "difference": est.mean, "low": est.low,
+                         "high": est.high, "seeds": est.n, "comparison": stats.comparison(est),
+                         "stale runs": stale_used(list(est.seeds), ours, reference),
                          **{f"W {k}": float(shares[k].mean()) if k in shares else float("nan")
                             for k in ("self", "same domain", "uniform same-domain")},
                          "runs with W's shares": len(shares)})
     return pd.DataFrame(rows)
 
 
-def probe_contrast_reading(table: pd.DataFrame, n_clients: int = 20, tie: float = 0.5) -> str:
-    """``fedctta_probe_contrast`` in sentences: each probe normalisation's gap to the reference strategy (``tie``
-    points read as equal) and, where the runs kept W's shares, how far W is from uniform mixing (self-weight 1/N)."""
+def probe_contrast_reading(table: pd.DataFrame, n_clients: int = 20) -> str:
+    """``fedctta_probe_contrast`` in sentences: each probe normalisation's gap to the reference strategy with its
+    interval and ``stats.comparison`` and, where the runs kept W's shares, how far W is from uniform mixing
+    (self-weight 1/N)."""
     lines = []
     for r in table.to_dict("records"):
         ref = r["against"]
         if not r["seeds"]:
             lines.append(f"- {r['FedCTTA']}, {r['setting']}: no run paired with {ref}.")
             continue
-        gap = r["difference"]
-        side = (f"equal to {ref} within the {tie} tie band" if abs(gap) <= tie
-                else f"{'above' if gap > 0 else 'below'} {ref} beyond the {tie} tie band")
-        text = (f"- {r['FedCTTA']}, {r['setting']}: {gap:+.2f} against {ref}"
-                + (f" (sd {r['sd']:.2f})" if r["seeds"] > 1 else "") + f" over {r['seeds']} seed(s), {side}"
+        said = {"ahead": "above", "behind": "below", "equal within the margin": f"equal within the {MARGIN:g}-point "
+                "margin", "identical": "identical"}.get(r["comparison"], "undetermined")
+        text = (f"- {r['FedCTTA']}, {r['setting']}: "
+                + _interval({"ours": r["difference"], "low": r["low"], "high": r["high"], "seeds": r["seeds"]})
+                + f" against {ref}, {said}"
                 + (f" ({r['stale runs']} run(s) made by code that has changed since)" if r["stale runs"] else ""))
         with_shares = r["runs with W's shares"]
         if with_shares:
@@ -489,14 +561,16 @@ def probe_contrast_reading(table: pd.DataFrame, n_clients: int = 20, tie: float 
     return "\n".join(lines)
 
 
-def contrasts_reading(contrasts: pd.DataFrame, tie: float = 0.5) -> str:
-    """The contrasts that move a quantity by more than ``tie`` points, largest first (computed)."""
-    moved = contrasts[contrasts["change"].abs() > tie].sort_values("change", key=abs, ascending=False)
+def contrasts_reading(contrasts: pd.DataFrame) -> str:
+    """The contrasts whose 95 % interval excludes 0 (``stats.comparison``: ahead / behind), largest first
+    (computed)."""
+    moved = contrasts[contrasts["comparison"].isin(["ahead", "behind"])].sort_values("change", key=abs,
+                                                                                    ascending=False)
     if moved.empty:
-        return (f"No single factor moves Local or a strategy's gap over Local by more than {tie:g} points in the "
-                "cells with runs in both.")
-    return "; ".join(f"{r['factor']} {r['from']} -> {r['to']} ({r['kept']} kept) moves "
-                     f"{r['quantity']} by {r['change']:+.2f} points ({r['seeds']} seed(s))"
+        return ("No single factor moves Local or a strategy's gap over Local with a 95 % interval that excludes 0 "
+                "in the cells with runs in both.")
+    return "; ".join(f"{r['factor']} {r['from']} -> {r['to']} ({r['kept']} kept) moves {r['quantity']} by "
+                     + _interval({"ours": r["change"], "low": r["low"], "high": r["high"], "seeds": r["seeds"]})
                      for r in moved.to_dict("records")) + "."
 
 
@@ -505,7 +579,7 @@ PROXIMAL_ANCHORS: Dict[str, str] = {"fedprox": "the model received at the last m
 
 
 def proximal_anchor_table(results_dir: Path | str = RESULTS_DIR, step: Tuple[str, Optional[float]] = DRIFT_STEP,
-                          settings: Sequence[str] = ("niid", "iid"), tie: float = 0.5) -> pd.DataFrame:
+                          settings: Sequence[str] = ("niid", "iid"), tie: float = MARGIN) -> pd.DataFrame:
     """FedProx - FedAvg in one TTA-grad cell (``step``: cell, step size) for each proximal anchor of
     ``PROXIMAL_ANCHORS``, paired by seed, beside the paper's FedProx - FedAvg (FedTSA Table 1, TTA-grad)."""
     paper = _paper("fedtsa_table1")
@@ -528,9 +602,8 @@ def proximal_anchor_reading(table: pd.DataFrame) -> str:
     for setting, g in table.groupby("setting", sort=False):
         ran = g[g.seeds > 0]
         theirs = float(g["paper"].iloc[0])
-        said = "; ".join(f"anchored at {r['anchor']} ({r['strategy']}) {r['ours']:+.2f}"
-                         + (f" (sd {r['ours sd']:.2f})" if r["seeds"] > 1 else "") + f" over {r['seeds']} seed(s), "
-                         f"{r['verdict']}" for r in ran.to_dict("records"))
+        said = "; ".join(f"anchored at {r['anchor']} ({r['strategy']}) {_interval(r)}, {r['verdict']}"
+                         for r in ran.to_dict("records"))
         text = f"{setting.upper()}: FedProx - FedAvg " + (said or "not run yet") + f"; the paper {theirs:+.2f}."
         if len(ran) > 1:
             nearest = ran.loc[(ran["ours"] - theirs).abs().idxmin()]
@@ -542,7 +615,7 @@ def proximal_anchor_reading(table: pd.DataFrame) -> str:
 
 def over_local_claims(values: pd.DataFrame, column: str, method: str, reading: str,
                       results_dir: Path | str = RESULTS_DIR, step: Tuple[str, Optional[float]] = DRIFT_STEP,
-                      tie: float = 0.5) -> List[dict]:
+                      tie: float = MARGIN) -> List[dict]:
     """``values[column]`` (rows with ``setting`` and ``seed``, and a ``code`` status where stored, e.g. FedAvg+FT as
     the reference code reports it, ``ft_forward.ft_forward_table``) minus the Local run of the same seed in one
     TTA-grad cell (``step``: cell, step size), per setting, as ``claims_table`` rows (its ``extra``): the paper's
@@ -556,7 +629,8 @@ def over_local_claims(values: pd.DataFrame, column: str, method: str, reading: s
         ours.attrs["stale"] = sorted(g.loc[g["code"] == "stale", "seed"]) if "code" in g else []
         rows.append({**_row(f"{method} above Local under TTA-grad, {setting.upper()} ({reading})", "FedTSA Table 1",
                             _grad_difference(paper, method, "Local", setting), paired(ours, local), tie,
-                            f"{_cell_label(cell, lr)}, {setting.upper()}, {reading}", ours, local),
+                            f"{_cell_label(cell, lr)}, {setting.upper()}, {reading}", ours, local,
+                            cell=_cell_label(cell, lr), cell_class=cell_class(cell, lr, SEEDS, results_dir)),
                      "method": method, "setting": setting})
     return rows
 
@@ -566,7 +640,7 @@ FT_REFERENCE_READING = "FedAvg+FT (reference reading)"
 
 
 def ft_reference_claims(ft_table: pd.DataFrame, results_dir: Path | str = RESULTS_DIR,
-                        step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> List[dict]:
+                        step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = MARGIN) -> List[dict]:
     """FedAvg+FT above Local as the reference code reports it (``ft_forward.ft_forward_table``), as
     ``claims_table`` rows (``over_local_claims``)."""
     return over_local_claims(ft_table, FT_REFERENCE_READING, "FedAvg+FT", "as the reference code reports it",
@@ -574,16 +648,16 @@ def ft_reference_claims(ft_table: pd.DataFrame, results_dir: Path | str = RESULT
 
 
 def over_local_table(values: pd.DataFrame, column: str, method: str, results_dir: Path | str = RESULTS_DIR,
-                     step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = 0.5) -> pd.DataFrame:
+                     step: Tuple[str, Optional[float]] = DRIFT_STEP, tie: float = MARGIN) -> pd.DataFrame:
     """``over_local_claims`` per setting, in the columns every difference table shares."""
     rows = over_local_claims(values, column, method, column, results_dir, step, tie)
-    return pd.DataFrame(rows, columns=["setting", "ours", "ours sd", "seeds", "paper", "verdict", "stale runs"])
+    return pd.DataFrame(rows, columns=["setting", "ours", "low", "high", "seeds", "paper", "verdict", "cell class",
+                                       "stale runs"])
 
 
 def over_local_reading(table: pd.DataFrame, what: str) -> str:
-    """One sentence from ``over_local_table``: ``what`` - Local per setting, its spread and seeds, beside the paper's
+    """One sentence from ``over_local_table``: ``what`` - Local per setting, its interval and seeds, beside the paper's
     and the verdict (computed)."""
     return f"{what} - Local: " + "; ".join(
-        f"{r['setting'].upper()} {r['ours']:+.2f}" + (f" (sd {r['ours sd']:.2f})" if r["seeds"] > 1 else "")
-        + f" over {r['seeds']} seed(s) against the paper's {r['paper']:+.2f} ({r['verdict']})"
+        f"{r['setting'].upper()} {_interval(r)} against the paper's {r['paper']:+.2f} ({r['verdict']})"
         for r in table.to_dict("records")) + "."

@@ -3,17 +3,18 @@
 Each cell is a run of ``base`` with that local method (its settings from ``local_settings``) and strategy (its
 defaults), for every seed; runs are stored under ``results_dir`` like every grid of the workbook (``run_grid``; runs of the same configs stored elsewhere are read with ``also_read``), so
 a leaderboard fills in as runs are added and a rerun reads what is stored. The table gives mean, standard deviation,
-the number of seeds and a 95% confidence half-width (Student t over seeds).
+the number of seeds and a 95% confidence half-width (Student t over seeds, ``stats.t_half_width``); the gains
+over ``local`` are paired by seed and read by ``stats.comparison``.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-import numpy as np
 import pandas as pd
 
+from . import stats
 from .experiment import ExperimentConfig
 from .workbook import strategy_comparison
 
@@ -55,40 +56,56 @@ def run_leaderboard(base: ExperimentConfig, locals_: Sequence[str], strategies: 
 
 
 def leaderboard_table(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
-    """Mean, std, seeds and 95% CI half-width of ``value`` per (local, strategy), best first."""
+    """Mean, std, seeds and 95% CI half-width (``stats.t_half_width``) of ``value`` per (local, strategy), best
+    first."""
     g = grid.groupby(["local", "strategy"])[value]
     table = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1), "seeds": g.size()})
-    table["ci95"] = ci95_half_width(table["std"], table["seeds"])
+    table["ci95"] = stats.t_half_width(table["std"], table["seeds"])
     return table.sort_values("mean", ascending=False)
 
 
-def ci95_half_width(std: pd.Series, n: pd.Series) -> np.ndarray:
-    """Student-t 95% half-width of a mean over ``n`` seeds with standard deviation ``std`` (NaN for one seed)."""
-    from scipy import stats
-
-    return np.where(n > 1, stats.t.ppf(0.975, (n - 1).clip(lower=1)) * std / np.sqrt(n), np.nan)
+GAIN_COLUMNS = ["gain", "low", "high", "seeds", "comparison"]
 
 
 def gains_over_local(grid: pd.DataFrame, value: str = "accuracy") -> pd.DataFrame:
     """Per (local, strategy): the gain in ``value`` over the ``local`` strategy of the same local method, paired by
-    seed (a seed fixes the stream): mean, 95% CI half-width (Student t; NaN with one seed) and seeds; sorted by
-    gain. ``significant``: the interval excludes zero."""
+    seed (``stats.paired``: a seed fixes the stream): mean, 95% interval, seeds and ``stats.comparison`` ('ahead' /
+    'behind' only when the interval excludes 0, 'undetermined' under ``stats.MIN_SEEDS``); sorted by gain."""
     wide = grid.pivot_table(index=["local", "seed"], columns="strategy", values=value)
     if "local" not in wide:
-        return pd.DataFrame(columns=["gain", "ci95", "seeds", "significant"])
-    diffs = wide.drop(columns="local").sub(wide["local"], axis=0).stack().dropna().rename("d").reset_index()
-    g = diffs.groupby(["local", "strategy"])["d"]
-    out = pd.DataFrame({"gain": g.mean(), "std": g.std(ddof=1), "seeds": g.size()})
-    out["ci95"] = ci95_half_width(out["std"], out["seeds"])
-    out["significant"] = (out["seeds"] > 1) & (out["gain"].abs() > out["ci95"])
-    return out.drop(columns="std").sort_values("gain", ascending=False)
+        return pd.DataFrame(columns=GAIN_COLUMNS)
+    rows = []
+    for local, g in wide.groupby(level="local", sort=False):
+        g = g.droplevel("local")
+        for strategy in g.columns.drop("local"):
+            est = stats.paired(g[strategy], g["local"])
+            if est.n:
+                rows.append({"local": local, "strategy": strategy, "gain": est.mean, "low": est.low,
+                             "high": est.high, "seeds": est.n, "comparison": stats.comparison(est)})
+    if not rows:
+        return pd.DataFrame(columns=GAIN_COLUMNS)
+    return pd.DataFrame(rows).set_index(["local", "strategy"]).sort_values("gain", ascending=False)
+
+
+# how ``leaderboard_reading`` names each ``stats.comparison`` of a gain over local, in this order
+GAIN_WORDS = {"ahead": "above local", "behind": "below local", "equal within the margin":
+              f"equal to local within {stats.MARGIN:g} points", "identical": "identical to local at every seed",
+              "undetermined": "undetermined", "few": f"fewer than {stats.MIN_SEEDS} paired seeds (undetermined)"}
+
+
+def _gain_text(r: pd.Series) -> str:
+    """A ``gains_over_local`` row as '+2.10 [+1.85, +2.35]', with its seeds when under ``stats.MIN_SEEDS``."""
+    interval = f" [{r.low:+.2f}, {r.high:+.2f}]" if r.seeds > 1 and r.comparison != "identical" else ""
+    few = f" ({int(r.seeds)} seed{'s' if r.seeds > 1 else ''})" if r.seeds < stats.MIN_SEEDS else ""
+    return f"{r.gain:+.2f}{interval}{few}"
 
 
 def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int, n_strategies: int,
                         n_seeds: int, locals_: Sequence[str] = ()) -> str:
-    """What the stored board says: coverage, the best cell, and per local method the strategies whose gain over
-    ``local`` has a 95% interval excluding zero (``table``: ``leaderboard_table``; ``gains``: ``gains_over_local``);
-    given the board's ``locals_``, the rows with no stored run are named."""
+    """What the stored board says: coverage, the best cell, and per local method each strategy's gain over
+    ``local`` by its ``stats.comparison`` (above / below local only when the 95% interval excludes 0; fewer than
+    ``stats.MIN_SEEDS`` paired seeds: undetermined) (``table``: ``leaderboard_table``; ``gains``:
+    ``gains_over_local``); given the board's ``locals_``, the rows with no stored run are named."""
     if table.empty:
         return "No run is stored yet."
     runs = int(table["seeds"].sum())
@@ -101,19 +118,13 @@ def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int,
     if missing:
         text[0] += f" No run stored yet for: {', '.join(missing)}."
     for local, g in gains.groupby(level="local", sort=False):
-        g = g.droplevel("local")
-        up = [f"{s} {r.gain:+.2f} ± {r.ci95:.2f}" for s, r in g.iterrows() if r.significant and r.gain > 0]
-        down = [f"{s} {r.gain:+.2f} ± {r.ci95:.2f}" for s, r in g.iterrows() if r.significant and r.gain < 0]
-        flat = [s for s, r in g.iterrows() if r.seeds > 1 and not r.significant]
-        single = [s for s, r in g.iterrows() if r.seeds <= 1]
-        parts = [f"above local: {', '.join(up) if up else 'none'}"]
-        if down:
-            parts.append(f"below local: {', '.join(down)}")
-        if flat:
-            parts.append(f"not distinguishable from local: {', '.join(flat)}")
-        if single:
-            parts.append(f"one seed only (no interval): {', '.join(single)}")
-        text.append(f"**{local}** (gain over local, points ± 95% CI): " + "; ".join(parts) + ".")
+        said: Dict[str, List[str]] = {}
+        for strategy, r in g.droplevel("local").iterrows():
+            key = "few" if r.seeds < stats.MIN_SEEDS else r.comparison
+            said.setdefault(key, []).append(f"{strategy} {_gain_text(r)}")
+        parts = [f"above local: {', '.join(said.pop('ahead', [])) or 'none'}"]
+        parts += [f"{GAIN_WORDS[k]}: {', '.join(said[k])}" for k in GAIN_WORDS if k in said]
+        text.append(f"**{local}** (gain over local in points [95% CI], paired by seed): " + "; ".join(parts) + ".")
     return "\n\n".join(text)
 
 

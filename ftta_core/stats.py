@@ -27,9 +27,9 @@ rule was written down before the runs it is applied to (docs/statistics.md gives
      when the interval excludes 0 on the claimed side, "does not hold" when it excludes 0 on the other, else
      "undetermined".
    - "no run" when no seed has both.
-6. **What is counted.** A row whose two sides are the same computation (equal at every seed, e.g. FedAvgM with
-   momentum on parameters under TTA-bn, where the shared tensors are BN statistics) holds *by construction* and is
-   not counted as a reproduction (``identical``). Rows are counted per cell class (``CELL_CLASSES``): a cell chosen
+6. **What is counted.** A row whose two sides are the same computation (equal at every seed within
+   ``IDENTICAL_TOLERANCE``, e.g. FedAvgM with momentum on parameters under TTA-bn, where the shared tensors are BN
+   statistics) holds *by construction* and is not counted as a reproduction (``identical``). Rows are counted per cell class (``CELL_CLASSES``): a cell chosen
    after seeing results is "post hoc" and its verdicts are counted apart from the protocol cells. When two papers
    give different numbers for one quantity, one row per paper.
 7. **Chance.** A comparison against a baseline within ``CHANCE_FACTOR`` (2) times chance accuracy carries a caveat
@@ -50,6 +50,11 @@ CONFIDENCE = 0.95
 MIN_SEEDS = 3
 MARGIN = 0.5
 CHANCE_FACTOR = 2.0
+# two sides whose paired differences all lie within this many points are the same computation up to float32
+# rounding (a handful of the protocol's 150,000 predictions flip with the order of a reduction). Set from the one
+# pair that is equal by construction, FedAvgM with momentum on parameters against FedAvg under TTA-bn (largest
+# per-seed difference 0.006 points over 5 seeds x NIID/IID); a row within it holds by construction.
+IDENTICAL_TOLERANCE = 0.01
 VERDICTS = ("holds", "direction only", "does not hold", "undetermined", "no run")
 # the cell classes a claim row is counted in (``count_by_class``), in the order tables show them
 CELL_CLASSES = ("paper protocol", "reference code protocol", "factorial cell (set before results)",
@@ -92,8 +97,8 @@ class Estimate:
 
     @property
     def identical(self) -> bool:
-        """Both sides equal at every seed (a difference of exactly 0 everywhere): the same computation."""
-        return self.n > 0 and all(abs(v) < 1e-9 for v in self.values)
+        """Both sides equal at every seed (within ``IDENTICAL_TOLERANCE``): the same computation."""
+        return self.n > 0 and all(abs(v) <= IDENTICAL_TOLERANCE for v in self.values)
 
     def signs(self) -> Tuple[int, int]:
         """(seeds above 0, seeds below 0)."""
@@ -267,6 +272,6 @@ def count_by_class(table: pd.DataFrame) -> pd.DataFrame:
     return out.reindex(index=classes, columns=cols).fillna(0).astype(int)
 
 
-__all__ = ["CONFIDENCE", "MIN_SEEDS", "MARGIN", "CHANCE_FACTOR", "VERDICTS", "CELL_CLASSES", "Estimate", "estimate",
+__all__ = ["CONFIDENCE", "MIN_SEEDS", "MARGIN", "CHANCE_FACTOR", "IDENTICAL_TOLERANCE", "VERDICTS", "CELL_CLASSES", "Estimate", "estimate",
            "paired", "verdict", "compare", "comparison", "comparison_phrase", "former_verdict", "claim_kind",
            "t_half_width", "near_chance", "chance_caveat", "mean_table", "paired_table", "count_by_class"]

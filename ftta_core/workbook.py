@@ -40,19 +40,28 @@ def resumable_run(cfg: ExperimentConfig, folder: Path, progress: bool = False) -
     """``run_experiment(cfg, out=folder)`` that never mixes code: the record of the code the run starts with is kept
     beside it (``code.json``), and a run left there (unfinished, or finished but not yet collected) by code that has
     changed since, or by code not recorded, is cleared and made again instead of resumed or read back (it would be
-    stored as today's). A run during which the code changed raises ``RunStoreError`` and is stored nowhere."""
+    stored as today's). A run during which the code changed raises ``RunStoreError`` and is stored nowhere. A
+    finished run left there whose files fail their digests (``runstore.DamagedRun``) is made again, with a warning
+    naming the damaged file."""
     from .build import code_record
     from .experiment import RunWriter
-    from .runstore import RunLock, RunStoreError
+    from .runstore import DamagedRun, RunLock, RunStoreError, writing
 
     folder, mark = Path(folder), Path(folder) / CODE_MARK
     with RunLock(folder):  # the same lock run_experiment takes: never clear a folder another process is running
-        known = json.loads(mark.read_text()) if mark.exists() else None
+        try:
+            known = json.loads(mark.read_text()) if mark.exists() else None
+        except ValueError:  # a damaged mark: the code that made the run is unknown
+            known = None
         if known is None or stale_modules(known):
             RunWriter(folder, cfg).clear()
             known = code_record(cfg.local, cfg.strategy, cfg)
-            atomic_write_text(mark, json.dumps(known))
-    res = run_experiment(cfg, out=folder, progress=progress)
+            with writing(folder, CODE_MARK):
+                atomic_write_text(mark, json.dumps(known))
+    try:
+        res = run_experiment(cfg, out=folder, progress=progress)
+    except DamagedRun:  # a resumable folder holds nothing else: made again (one warning names the damaged file)
+        res = run_experiment(cfg, out=folder, progress=progress, overwrite=True)
     changed = stale_modules(known)
     if changed:
         raise RunStoreError(f"{folder}: the code changed while the run ran ({', '.join(changed[:3])}); nothing was "
@@ -330,7 +339,7 @@ def _keep_compact(folder: Path, res: Results) -> None:
     atomic_write(folder / "collaboration.npz", lambda fh: np.savez_compressed(fh, W=res.collaboration.astype(np.float32)))
     atomic_write(folder / "slots.csv", lambda fh: fh.write(slot_table(res.steps).to_csv(
         index=False, float_format="%.4f").encode()))
-    atomic_write_text(folder / "summary.json", json.dumps(res.summary, indent=1, default=float) + "\n")
+    store_summary(folder / "summary.json", res.summary, files=("collaboration.npz", "slots.csv"))  # sealed
 
 
 def read_stored(out_dir: Path, strategies: Sequence[str]) -> Dict[str, StoredRun]:
@@ -441,65 +450,24 @@ def per_domain_table(summaries: Mapping[tuple, Dict[str, Any]], kind: str = "mix
 
 def per_seed_values(summaries: Mapping[tuple, Dict[str, Any]], key: str = "accuracy") -> pd.DataFrame:
     """``summary[key]`` of stored summaries {(variant, seed): summary} as a table (rows: seeds, columns: variants;
-    NaN where a variant has no run at a seed), for comparisons paired by seed (``paired_difference``)."""
+    NaN where a variant has no run at a seed), for comparisons paired by seed (``stats.paired``)."""
     cells = {(name, seed): s[key] for (name, seed), s in summaries.items() if s.get(key) is not None}
     if not cells:
         return pd.DataFrame()
     return pd.Series(cells).unstack(0).sort_index()
 
 
-def paired_difference(a: pd.Series, b: pd.Series) -> Dict[str, Any]:
-    """a − b paired by seed (both indexed by seed) over the seeds both have, with a verdict.
-
-    Returns {'seeds': number of common seeds, 'mean': mean difference, 'spread': the noise it is compared with,
-    'verdict': 'ahead' | 'behind' | 'within seed noise' | 'equal' | 'one seed' | 'no common seed', 'why': a short
-    reason}. With two or more common seeds the spread is the standard deviation of the paired differences: 'ahead'
-    / 'behind' need the same sign at every seed and a mean larger than that spread, else 'within seed noise'.
-    With one common seed the spread is the larger seed standard deviation of a or b over their own seeds (when one
-    has two or more): a difference no larger is 'within seed noise'; with no spread at all the verdict is
-    'one seed' (nothing to test against)."""
-    a, b = a.dropna(), b.dropna()
-    common = a.index.intersection(b.index)
-    if not len(common):
-        return {"seeds": 0, "mean": float("nan"), "spread": float("nan"), "verdict": "no common seed",
-                "why": "no seed has both"}
-    d = (a[common] - b[common]).astype(float)
-    mean = float(d.mean())
-    side = "ahead" if mean > 0 else "behind"
-    if (d == 0).all():
-        return {"seeds": len(d), "mean": 0.0, "spread": 0.0, "verdict": "equal", "why": "equal at every seed"}
-    if len(d) >= 2:
-        spread = float(d.std(ddof=1))
-        if not ((d > 0).all() or (d < 0).all()):
-            return {"seeds": len(d), "mean": mean, "spread": spread, "verdict": "within seed noise",
-                    "why": "the paired differences change sign"}
-        if abs(mean) <= spread:
-            return {"seeds": len(d), "mean": mean, "spread": spread, "verdict": "within seed noise",
-                    "why": f"same sign at every seed but no larger than their spread ({spread:.2f})"}
-        return {"seeds": len(d), "mean": mean, "spread": spread, "verdict": side,
-                "why": f"{side} at every seed, by more than the spread ({spread:.2f})"}
-    own = [float(s.std(ddof=1)) for s in (a, b) if len(s) >= 2]
-    if not own:
-        return {"seeds": 1, "mean": mean, "spread": float("nan"), "verdict": "one seed",
-                "why": "one seed: no spread to test against"}
-    spread = max(own)
-    if abs(mean) <= spread:
-        return {"seeds": 1, "mean": mean, "spread": spread, "verdict": "within seed noise",
-                "why": f"one paired seed, no larger than the seed spread ({spread:.2f})"}
-    return {"seeds": 1, "mean": mean, "spread": spread, "verdict": side,
-            "why": f"one paired seed, larger than the seed spread ({spread:.2f})"}
-
-
-def difference_phrase(a: pd.Series, b: pd.Series, name_a: str, name_b: str) -> str:
-    """'A − B = +0.12 over 3 paired seeds (within seed noise: the paired differences change sign)', from
-    ``paired_difference``."""
-    g = paired_difference(a, b)
-    if not g["seeds"]:
-        return f"{name_a} − {name_b}: no seed has both"
-    seeds = f"{g['seeds']} paired seed{'s' if g['seeds'] > 1 else ''}"
-    verdict = g["verdict"] if g["verdict"] not in ("one seed", "equal") else ""
-    return (f"{name_a} − {name_b} = {g['mean']:+.2f} over {seeds} "
-            f"({verdict + ': ' if verdict else ''}{g['why']})")
+def common_seeds(summaries: Mapping[tuple, Dict[str, Any]],
+                 key: str = "accuracy_by_domain") -> Dict[tuple, Dict[str, Any]]:
+    """The summaries {(variant, seed): summary} at the seeds where every variant has one holding ``key``: tables of
+    means built from them (``per_domain_table``) are over one set of seeds, so a difference of two rows is the mean
+    of the differences paired by seed (``stats.paired``), never a difference of means over different seeds."""
+    have: Dict[Any, set] = {}
+    for (name, seed), summary in summaries.items():
+        if summary.get(key):
+            have.setdefault(name, set()).add(seed)
+    seeds = set.intersection(*have.values()) if have else set()
+    return {(name, seed): s for (name, seed), s in summaries.items() if name in have and seed in seeds}
 
 
 def ordering_phrase(means: Mapping[str, float], labels: Optional[Mapping[str, str]] = None, digits: int = 2) -> str:

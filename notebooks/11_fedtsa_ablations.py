@@ -81,9 +81,9 @@ from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
 from ftta_core.training import source_model_line
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
-from ftta_core.workbook import (difference_phrase, heterogeneity_sweep, mean_std, ordering_phrase, paired_difference,
-                               per_domain_table, per_seed_values, run_grid, stored_summaries, strategy_comparison,
-                               sweep_reading)
+from ftta_core.stats import comparison, comparison_phrase, paired
+from ftta_core.workbook import (common_seeds, heterogeneity_sweep, mean_std, ordering_phrase, per_domain_table,
+                               per_seed_values, run_grid, stored_summaries, strategy_comparison, sweep_reading)
 
 style.use()
 smoke = smoke_mode(smoke)
@@ -156,7 +156,9 @@ else:
     fig.savefig(Path(figure_dir) / f"fig3_variants_{tta}.png", dpi=120, bbox_inches="tight")
 
 # %%
-# The paper's Fig 3 claims, pair by pair ("A beats B"), checked paired by seed (workbook.paired_difference)
+# The paper's Fig 3 claims, pair by pair ("A beats B"), checked paired by seed: the mean difference with its 95%
+# interval and the comparison of ftta_core.stats (ahead / behind only when the interval excludes 0; under 3 seeds,
+# undetermined)
 FIG3_PAIRS = [("FedTSA", "w/o aug"), ("FedTSA", "w/o time"), ("FedTSA", "TS-sim"), ("FedTSA", "S-sim"),
               ("TS-sim", "S-sim")]
 lines = []
@@ -166,17 +168,13 @@ for setting, g in fig3.groupby("setting", sort=False):
     if common.empty:  # no seed has every variant: the means are then over different seeds, and say so
         common = ps
     pairs = [(a, b) for a, b in FIG3_PAIRS if a in ps and b in ps]
-    verdicts = pd.Series([paired_difference(ps[a], ps[b])["verdict"] for a, b in pairs], dtype=object)
-    counts = verdicts.value_counts()
-    said = {"ahead": "ahead beyond seed noise", "behind": "behind beyond seed noise", "equal": "equal",
-            "within seed noise": "within seed noise", "one seed": "untested (one seed, no spread)",
-            "no common seed": "not comparable (no common seed)"}
+    counts = pd.Series([comparison(paired(ps[a], ps[b])) for a, b in pairs], dtype=object).value_counts()
     claims[f"Fig 3, {setting}"] = (f"of the paper's {len(pairs)} pairs 'A beats B', A is "
-                                   + ", ".join(f"{said[v]} in {counts[v]}" for v in counts.index)
+                                   + ", ".join(f"{v} in {counts[v]}" for v in counts.index)
                                    + f"; the best variant on {on_seeds(ps, common)} is {common.mean().idxmax()}")
     lines.append(f"- **{setting}** (seeds per variant: {seed_counts(g)}; means over {on_seeds(ps, common)}): "
                  f"{ordering_phrase(common.mean())}. "
-                 f"Paired by seed: " + "; ".join(difference_phrase(ps[a], ps[b], a, b) for a, b in pairs) + ".")
+                 f"Paired by seed: " + "; ".join(comparison_phrase(ps[a], ps[b], a, b) for a, b in pairs) + ".")
 display(Markdown("\n".join(lines) if lines else "No stored Fig 3 runs."))
 
 
@@ -286,7 +284,7 @@ def sweep_param_reading(table, name, values):
           "; no seed has every value, so the means are over different seeds")
     where = ("the largest value tried" if best == keys[-1] else "the smallest value tried" if best == keys[0]
              else "inside the range tried")
-    steps = [difference_phrase(ps[b], ps[a], b, a) for a, b in zip(keys, keys[1:])]
+    steps = [comparison_phrase(ps[b], ps[a], b, a) for a, b in zip(keys, keys[1:])]
     claims[f"Fig 7, {name}"] = f"best at {best} ({where})"
     return (f"**{name}** (seeds per value: {seed_counts(table)}): best at {best} ({means[best]:.2f}, {where}{on}). "
             f"Each step, paired by seed: " + "; ".join(steps) + ".")
@@ -300,16 +298,18 @@ display(Markdown("\n\n".join([sweep_param_reading(fig7_t, "T", windows),
 # Table 2 reads the IID protocol runs stored for Table 1 (`fedtsa-table`); Table 3 runs SH = 0.25 with a new
 # corruption at every step. The paper's numbers are for its source model (35% without adaptation on Table 1's
 # protocol) and ours for the source model named at the top: compare the differences between methods per corruption.
+# Every per-corruption row is over the seeds that every method has per-corruption numbers for
+# (`workbook.common_seeds`), so a difference between two rows is the mean of differences paired by seed.
 
 # %%
 TABLE_METHODS = ["local", "fedavg", "fedamp", "pfedgraph", "fedtsa"]
 iid = dataclasses.replace(base, scenario="fedtsa_iid")
 summaries2 = stored_summaries(iid, {s: {"strategy": s} for s in TABLE_METHODS}, seeds, table1_runs)
-ours2 = per_domain_table(summaries2)
+ours2 = per_domain_table(common_seeds(summaries2))
 table3_cfg = dataclasses.replace(base, scenario="heterogeneity", sh=0.25, th=1.0)
 strategy_grid(table3_cfg, TABLE_METHODS)
 summaries3 = stored_summaries(table3_cfg, {s: {"strategy": s} for s in TABLE_METHODS}, seeds, results_dir)
-ours3 = per_domain_table(summaries3)
+ours3 = per_domain_table(common_seeds(summaries3))
 
 for name, ours in (("fedtsa_table2", ours2), ("fedtsa_table3", ours3)):
     print(name, "- ours per corruption:" if not ours.empty else "- no stored runs with per-corruption numbers yet")
@@ -331,7 +331,7 @@ def table_reading(name, ours, summaries):
             f"ours {ordering_phrase(ps.mean().rename(index=shown_as))}; the paper's {ordering_phrase(side['paper'])}.")
     if others:
         text += (" Paired by seed: "
-                 + "; ".join(difference_phrase(ps["fedtsa"], ps[m], "FedTSA", shown_as(m)) for m in others) + ".")
+                 + "; ".join(comparison_phrase(ps["fedtsa"], ps[m], "FedTSA", shown_as(m)) for m in others) + ".")
     corr = [c for c in ours.columns if c not in ("mean", "seeds")]
     if corr:
         mine = ours.drop(index="No-Adapt", errors="ignore")[corr].astype(float).idxmax()
@@ -339,7 +339,7 @@ def table_reading(name, ours, summaries):
         paper = paper[(paper.corruption != "mean") & (paper.method != "No-Adapt")]
         theirs = paper.pivot_table(index="method", columns="corruption", values="accuracy").idxmax()
         rest = ", ".join(f"{shown_as(m)} {k}" for m, k in mine.value_counts().items() if m != "fedtsa")
-        text += (f" Best method per corruption (rows average the seeds in the `seeds` column): FedTSA on "
+        text += (f" Best method per corruption (on the {int(ours['seeds'].max())} seed(s) every method has): FedTSA on "
                  f"{int((mine == 'fedtsa').sum())} of {len(mine)} corruptions here{', ' + rest if rest else ''}; "
                  f"in the paper FedTSA on {int((theirs == 'FedTSA').sum())} of {len(theirs)}.")
     top = shown_as(ps.mean().idxmax())
@@ -363,7 +363,7 @@ for label, table in (("Table 3 protocol (SH = 0.25, TH = 1)", t3_time),
                      ("NIID protocol (SH = 0.2, TH = 0.02)", fig3[fig3.setting == "NIID"] if len(fig3) else fig3)):
     ps = by_seed(table) if len(table) else pd.DataFrame()
     if {"FedTSA", "w/o time"} <= set(ps.columns):
-        phrase = difference_phrase(ps["FedTSA"], ps["w/o time"], "FedTSA", "w/o time")
+        phrase = comparison_phrase(ps["FedTSA"], ps["w/o time"], "FedTSA", "w/o time")
         time_lines.append(f"- {label}: {phrase}.")
         claims[f"temporal block, {label}"] = phrase
     else:

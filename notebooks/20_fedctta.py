@@ -188,10 +188,11 @@ display(tables.show(missing, best=None))
 # (`probe_bn="eval", probes="per_client", ema=0.9`). FedAvgM's server momentum on every shared tensor (our default)
 # or on parameters only, which under TTA-bn is FedAvg by construction. Runs planned in
 # `figures/fedctta/fidelity.plan.jsonl` (`python -m ftta_core run-plan FILE --workers 2 --threads 1`); each row is one
-# claim, ours paired by seed beside the paper's difference, with the verdict (tie band 0.5 points; 'holds' needs ours
-# within 0.5 points of the paper's value, or the paper's side of 0 and its size within a factor 3, 'direction only' the
-# side without the size;
-# `ftta_core.fidelity.verdict`); rows without stored runs say so. The runs the claims read are `fidelity.claim_grids()`:
+# claim, ours paired by seed with its 95 % interval beside the paper's difference, with the verdict of the pre-stated
+# rule (`ftta_core.stats`, docs/statistics.md: 'holds' needs the interval on the paper's side and within 0.5 points of
+# its size, or inside +-0.5 for a tie; fewer than 3 seeds is 'undetermined'), the former rule's verdict, and the
+# cell's class (the drift step is post hoc); a row whose two sides are equal at every seed holds by construction and
+# is not counted; rows without stored runs say so. The runs the claims read are `fidelity.claim_grids()`:
 # `-p compute_claims=True` runs the missing ones for `cifar_seeds`, and with `FTTA_PLAN=FILE` only plans them (the
 # plan file above was extended this way with seeds 0-2, then 3-4).
 
@@ -205,8 +206,7 @@ if compute_claims and not smoke:
             run_grid(table1_config("cifar10", setting, tta, lr=lr), variants, claim_seeds, results_dir=results_dir)
 
 claims = pd.DataFrame(fidelity.fedctta_claims(results_dir) + fidelity.fedavgm_claims(results_dir))
-display(tables.show(claims.set_index(["claim", "settled by"])[["paper", "ours", "ours sd", "seeds", "verdict",
-                                                              "stale runs"]], best=None))
+display(tables.show(claims.set_index(["cell class", "claim", "settled by"])[fidelity.CLAIM_COLUMNS], best=None))
 display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]
@@ -240,8 +240,8 @@ display(Markdown(fidelity.probe_contrast_reading(grad_contrast)))
 # %%
 grad_vs_fedavg = fidelity.fedctta_probe_contrast(results_dir, settings=("niid", "iid"), seeds=cifar_seeds,
                                                  tta="grad-running-adam", against="fedavg")
-display(tables.show(grad_vs_fedavg.set_index(["setting", "FedCTTA"])[["against", "difference", "sd", "seeds",
-                                                                     "stale runs"]], best=None))
+display(tables.show(grad_vs_fedavg.set_index(["setting", "FedCTTA"])[["against", "difference", "low", "high", "seeds",
+                                                                     "comparison", "stale runs"]], best=None))
 display(Markdown(fidelity.probe_contrast_reading(grad_vs_fedavg)))
 
 # %% [markdown]
@@ -260,8 +260,9 @@ drift = pd.concat([fidelity.fedctta_probe_contrast(results_dir, settings=("niid"
                    for against in ("local", "fedavg")], ignore_index=True)
 drift = drift[drift.seeds > 0]
 if len(drift):
-    display(tables.show(drift.set_index(["setting", "FedCTTA", "against"])[["difference", "sd", "seeds",
-                                                                            "stale runs", "W self", "W same domain",
+    display(tables.show(drift.set_index(["setting", "FedCTTA", "against"])[["difference", "low", "high", "seeds",
+                                                                            "comparison", "stale runs", "W self",
+                                                                            "W same domain",
                                                                             "W uniform same-domain"]], best=None))
     display(Markdown(f"Adam {drift_lr:g}:\n" + fidelity.probe_contrast_reading(drift)))
 else:
@@ -269,9 +270,10 @@ else:
 
 # %% [markdown]
 # ## Table II: CIFAR-10-C per corruption, IID, TTA-bn
-# Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows). Only
-# summaries written since commit 159d4e0 (2026-11-22) carry per-corruption numbers, so `seeds` says how many runs
-# each row averages (the No-Adapt row counts one entry per distinct run, CPU and GPU runs of one seed included).
+# Per-corruption accuracy of the stored IID TTA-bn runs, beside FedCTTA's Table II (its CIFAR-10-C rows), over the
+# seeds every method has a per-corruption run for (only summaries written since commit 159d4e0, 2026-11-22, carry
+# per-corruption numbers), so every difference between rows compares the same seeds (the No-Adapt row counts one
+# entry per distinct run, CPU and GPU runs of one seed included).
 # The paper's source model scores 30.5% without adaptation, ours is named below (from the runs' config): compare each
 # method's gap to FedAvg, not the absolute values.
 
@@ -279,8 +281,11 @@ else:
 table2_methods = ["local", "fedavg", "pfedgraph", "fedtsa", "fedctta"]
 iid_bn = table1_config("cifar10", "iid", "bn")
 print(source_model_line(iid_bn.model_name))
-table2 = per_domain_table(stored_summaries(iid_bn, {s: {"strategy": s} for s in table2_methods}, cifar_seeds,
-                                           results_dir))
+table2_runs = stored_summaries(iid_bn, {s: {"strategy": s} for s in table2_methods}, cifar_seeds, results_dir)
+# differences between rows are only meaningful over the same seeds: keep the seeds every method has a run for
+table2_seeds = sorted(set.intersection(*[{seed for (v, seed) in table2_runs if v == s} for s in table2_methods]))
+print(f"seeds with a stored per-corruption run of every method: {table2_seeds}")
+table2 = per_domain_table({k: v for k, v in table2_runs.items() if k[1] in table2_seeds})
 if table2.empty:
     print("no stored IID TTA-bn runs with per-corruption numbers yet")
 else:
@@ -504,8 +509,8 @@ display(Markdown(probe_temperature_reading(probe_grid, refs.to_dict(), clients))
 
 # %% [markdown]
 # ## Reading it
-# Written from the numbers computed above (and the stored runs and the benchmark file), so it stays true when they
-# change.
+# Written from the numbers computed above (and the stored runs and the benchmark file): every comparison in it is
+# computed; a sentence about a mechanism that no run here tests says so.
 
 # %%
 display(Markdown(reading(walk, shares, contrast, t4, grad_refs, interval_grid, temperature_grid, batch_grid, cost,

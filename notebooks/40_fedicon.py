@@ -381,7 +381,8 @@ else:
 # ## Does FedICON beat FedAvg and the TTA baselines here?
 
 # %%
-# each difference paired by seed: ahead / behind only beyond seed noise (workbook.paired_difference)
+# each difference paired by seed with its 95% interval: ahead / behind only when it excludes 0, undetermined under
+# 3 seeds (stats.comparison_phrase); a caveat where FedAvg is within 2x chance (stats.chance_caveat)
 lines = [paired_verdict("Digit domains, covariate shift (4 clients)", rows_digits)]
 lines.append(paired_verdict(f"Digit domains, leave-one-domain-out (mean of {len(held_out_domains)} held-out domains)",
                             rows_lodo))
@@ -433,7 +434,8 @@ print(f"notebook compute: {time.time() - started:.0f} s")
 # %% [markdown]
 # ## Reading it
 # Computed from this run's tables (`fedicon.report.digits_reading`, `other_settings_reading`, `shift_cost_reading`):
-# differences are paired by seed and called ahead or behind only beyond seed noise; with one seed nothing is tested.
+# differences are paired by seed and called ahead or behind only when their 95% interval excludes 0
+# (`ftta_core.stats`); under 3 seeds they are undetermined.
 
 # %%
 paper_digits = paper_digits_means(digit_methods)

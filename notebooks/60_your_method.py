@@ -58,8 +58,9 @@ from IPython.display import Code, Markdown
 from ftta_core import check_backends_agree
 from ftta_core.plugins import load_plugins
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.leaderboard import (ci95_half_width, gains_over_local, leaderboard_heatmap, leaderboard_reading,
-                                   leaderboard_table, run_leaderboard)
+from ftta_core import stats
+from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
+                                   run_leaderboard)
 from ftta_core.notebooks import smoke_mode
 from ftta_core.strategies import STRATEGIES
 from ftta_core.tta import LOCAL_METHODS
@@ -170,44 +171,36 @@ display(Markdown(leaderboard_reading(table, gains, len(locals_), len(strategies)
 # %% [markdown]
 # And the two questions a new method is asked: does PriorBN beat TTA-bn under the same strategy, and does
 # IndicatorSoftmax beat the papers' strategies under the same local method? Differences in points, paired by seed,
-# with a 95% interval (Student t over seeds):
+# with a 95% interval (Student t over seeds) and the comparison of `ftta_core.stats` (ahead / behind only when the
+# interval excludes 0; under 3 seeds, undetermined):
 
 # %%
-def paired(grid: pd.DataFrame, column: str, new: str, others) -> pd.DataFrame:
-    """``new`` minus each of ``others`` in column ``column`` (local or strategy), paired by seed and by the other
-    column: mean difference, 95% CI half-width and seeds."""
+def gains_of(grid: pd.DataFrame, column: str, new: str, others) -> pd.DataFrame:
+    """``new`` minus each of ``others`` in column ``column`` (local or strategy), paired by seed within each value of
+    the other column (``stats.paired_table``): mean difference, 95% interval, seeds and ``stats.comparison``."""
     other = "strategy" if column == "local" else "local"
     wide = grid.pivot_table(index=[other, "seed"], columns=column, values="accuracy")
-    rows = []
-    for name in others:
-        d = (wide[new] - wide[name]).dropna().groupby(level=other)
-        rows += [{other: key, "versus": name, "gain": g.mean(), "std": g.std(ddof=1), "seeds": len(g)}
-                 for key, g in d]
-    out = pd.DataFrame(rows)
-    out["ci95"] = ci95_half_width(out["std"], out["seeds"])
-    return out.drop(columns="std").set_index([other, "versus"])
+    return stats.paired_table(wide, new, others, by=other).set_index([other, "versus"])
 
 
-local_gain = paired(grid, "local", "prior_bn", papers_locals)
-strategy_gain = paired(grid, "strategy", "indicator_softmax", papers_strategies)
+local_gain = gains_of(grid, "local", "prior_bn", papers_locals)
+strategy_gain = gains_of(grid, "strategy", "indicator_softmax", papers_strategies)
 display(local_gain.round(2), strategy_gain.round(2))
 
 
-def verdict(row: pd.Series) -> str:
-    """'+1.23 ± 0.45 (above)' with the interval's verdict ('one seed' without an interval)."""
-    if row.seeds < 2:
-        return f"{row.gain:+.2f} (one seed)"
-    side = "above" if row.gain - row.ci95 > 0 else "below" if row.gain + row.ci95 < 0 else "not distinguishable"
-    return f"{row.gain:+.2f} ± {row.ci95:.2f} ({side})"
+def said(row: pd.Series) -> str:
+    """'+1.23 [+0.10, +2.36] (3 seeds): ahead', a row of ``gains_of`` (no interval from one seed)."""
+    interval = f" [{row.low:+.2f}, {row.high:+.2f}]" if row.seeds > 1 else ""
+    return f"{row.gain:+.2f}{interval} ({row.seeds} seed{'s' if row.seeds > 1 else ''}): {row.comparison}"
 
 
 best = table.index[0]
 display(Markdown(
     f"**Reading.** Over {len(seeds)} seeds of this config, the best cell is {best[0]} + {best[1]} "
     f"({table.iloc[0]['mean']:.2f}%). PriorBN minus TTA-bn, per strategy: "
-    + "; ".join(f"{s} {verdict(r)}" for (s, _), r in local_gain.iterrows())
+    + "; ".join(f"{s} {said(r)}" for (s, _), r in local_gain.iterrows())
     + ". IndicatorSoftmax minus each paper's strategy, per local method: "
-    + "; ".join(f"{l} vs {v} {verdict(r)}" for (l, v), r in strategy_gain.iterrows()) + "."))
+    + "; ".join(f"{l} vs {v} {said(r)}" for (l, v), r in strategy_gain.iterrows()) + "."))
 
 # %% [markdown]
 # ## The plugin path: the same file from the command line

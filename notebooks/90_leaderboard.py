@@ -171,12 +171,16 @@ if not rates.empty:
 # ## The papers' claims about their clients, in one table
 # Every claim of FedTSA's Table 1, FedCTTA's Table I and pFedBBN's Table 1 / Fig 5 that depends on how the clients
 # were run (TTA-grad BatchNorm and optimiser, FedCTTA's probe normalisation, FedAvgM's momentum, pFedBBN's
-# temperature), read from the stored runs: the paper's difference, ours paired by seed, the verdict (tie band 0.5
-# points; 'holds' needs ours within 0.5 points of the paper's value, or the paper's side of 0 and its size within a
-# factor 3, 'direction only' the side without the size; `fidelity.verdict`) and the runs that settle it
-# (`ftta_core.fidelity`, `ftta_core.temperature`; notebooks 10, 20 and 30 show each group with its figures). FedAvg+FT
-# above Local comes twice: as we predict and as the reference code reports it (notebook 10's `ft_forward` reading). A
-# claim without stored runs says so.
+# temperature), read from the stored runs: the paper's difference, ours paired by seed with its 95 % interval, the
+# verdict of the rule stated before the runs it first read (`ftta_core.stats`; docs/statistics.md: 'holds' needs the
+# interval on the paper's side of 0 and within 0.5 points of its size, or inside +-0.5 for a tie; fewer than 3 seeds
+# is 'undetermined') beside the former rule's verdict, the cell's class (the paper's protocol, the reference code's, a
+# factorial cell set before results, the cell the pre-registered step-size rule picked, post hoc, or the post-hoc cell
+# on unseen seeds) and the runs that settle it (`ftta_core.fidelity`, `ftta_core.pfedbbn.temperature`; notebooks 10,
+# 20 and 30 show each group with its figures). Rows whose two sides are the same computation hold by construction and
+# are not counted. FedAvg+FT above Local comes twice: as we predict and as the reference code reports it (notebook
+# 10's `ft_forward` reading). A claim without stored runs says so. First the counts per cell class, beside the former
+# rule's:
 
 # %%
 from ftta_core import fidelity
@@ -189,8 +193,9 @@ pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/ru
 ft_rows = fidelity.ft_reference_claims(ft_forward_table(table1_runs, Path(table1_runs).parent / "ft_forward",
                                                         lr=fidelity.DRIFT_STEP[1]), table1_runs)
 claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows + ft_rows)
-display(tables.show(claims.set_index(["source", "claim", "settled by"])[["paper", "ours", "ours sd", "seeds",
-                                                                          "verdict", "stale runs"]], best=None))
+display(tables.show(fidelity.claims_counts(claims), best=None))
+display(tables.show(claims.set_index(["cell class", "source", "claim", "settled by"])[fidelity.CLAIM_COLUMNS],
+                    best=None))
 display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]

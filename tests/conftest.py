@@ -11,7 +11,8 @@ from ftta_core.training import load_source_model
 
 # test files that start servers or processes (Flower, Ray, JupyterLab, notebook runs): left out by `make test-fast`
 SLOW_FILES = frozenset({"test_flower.py", "test_flower_deployment.py", "test_flower_faults.py", "test_ray_plan.py",
-                        "test_lab.py", "test_notebook_runs.py", "test_plan.py", "test_plugins.py"})
+                        "test_lab.py", "test_notebook_runs.py", "test_plan.py", "test_plugins.py",
+                        "test_results_summary.py"})
 
 
 def pytest_collection_modifyitems(config, items):

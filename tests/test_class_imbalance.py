@@ -193,6 +193,12 @@ def _long_table(rows):
     return pd.DataFrame([dict(zip(["strategy", "method", "setting", "ours", "paper"], r)) for r in rows])
 
 
+def _runs(values):
+    """``run_rows``-shaped rows from {(setting, strategy, method): [accuracy per seed]}."""
+    return pd.DataFrame([{"setting": setting, "strategy": strategy, "method": method, "seed": seed, "accuracy": a}
+                         for (setting, strategy, method), accs in values.items() for seed, a in enumerate(accs)])
+
+
 def test_imbalance_reading_states_the_claim_from_the_numbers():
     rows = []
     for setting, tent, bbn in (("IID", 80.0, 70.0), ("alpha=0.01", 20.0, 60.0)):
@@ -200,15 +206,25 @@ def test_imbalance_reading_states_the_claim_from_the_numbers():
                  ("FedAvg", "Tent", setting, tent - 2, tent), ("None-Fed", "BBN", setting, bbn, 60.0),
                  ("FedAvg", "BBN", setting, bbn + 5, 62.0), ("FedAvgM", "BBN", setting, bbn - 20, float("nan")),
                  ("pFedBBN", "BBN", setting, bbn + 1, 70.0)]
-    text = imbalance.imbalance_reading(_long_table(rows))
+    noise = (0.0, 0.3, -0.3)
+    runs = _runs({(setting, s, m): [v + e for e in noise] for setting, tent, bbn in (("IID", 80.0, 70.0),
+                                                                                      ("alpha=0.01", 20.0, 60.0))
+                  for s, m, v in (("local", "tent", tent), ("fedavg", "tent", tent - 2), ("local", "bbn", bbn),
+                                  ("pfedbbn", "bbn", bbn + 1))})
+    text = imbalance.imbalance_reading(_long_table(rows), runs)
     iid, skew = text.split("\n")
-    assert "**IID**" in iid and "does not beat" in iid and "-10.00 points" in iid
-    assert "**alpha=0.01**" in skew and "beats Tent" in skew and "+40.00 points" in skew
+    assert "**IID**" in iid and "beats Tent/Tent + FedAvg here: no (-10.00 points" in iid and "4 behind" in iid
+    assert "**alpha=0.01**" in skew and "beats Tent/Tent + FedAvg here: yes (+40.00 points" in skew
+    assert "4 ahead" in skew
+    assert "over 3 paired seed(s)" in skew
     assert "best server is FedAvg (65.00); the paper's is pFedBBN (70.00); pFedBBN is -4.00" in skew
     assert "BBN +10.00 from it" in skew and "FedAvgM with BBN (40.00)" in skew
     assert "More than 10 points below local adaptation: FedAvgM with BBN (50.00)." in iid
+    # one seed: the means still differ by 40 points, but the claim is undetermined (stats.MIN_SEEDS)
+    one = imbalance.imbalance_reading(_long_table(rows), runs[runs.seed == 0]).split("\n")[1]
+    assert "beats Tent/Tent + FedAvg here: undetermined" in one and "4 undetermined, over 1 paired seed(s)" in one
 
 
 def test_imbalance_reading_skips_settings_without_runs():
     rows = [("Any", "Source", "IID", 50.0, 55.0), ("None-Fed", "Tent", "IID", 70.0, 71.0)]
-    assert imbalance.imbalance_reading(_long_table(rows)).startswith("No setting")
+    assert imbalance.imbalance_reading(_long_table(rows), _runs({})).startswith("No setting")

@@ -187,5 +187,25 @@ def test_a2_reading_pairs_each_variant_with_g_by_seed():
     assert "g (the server's classifier, no adaptation): 41.0%" in text
     assert "prototypes, server A: k = 3: 31.0% (below g)" in text
     assert "prototypes, A as Alg. 1: k = 3: 47.0% (above g)" in text
-    assert "Effect of early stopping: k = 3: with − without = +0.00" in text
-    assert "Effect of training A (Alg. 1) at all: k = 3: with − without = +16.00" in text
+    assert "Effect of early stopping: k = 3: with - without = +0.00 [+0.00, +0.00] (3 seeds): identical" in text
+    assert "Effect of training A (Alg. 1) at all: k = 3: with - without = +16.00 [" in text
+
+
+def test_fedacross_reading_calls_a_cell_above_or_below_g_only_when_its_interval_excludes_0():
+    import pandas as pd
+
+    from ftta_core.fedacross.study import fedacross_reading
+
+    rows = []
+    for seed in (0, 1, 2):
+        rows.append({"k": 0, "selection": "none", "seed": seed, "accuracy": 40.0 + seed})
+        rows.append({"k": 3, "selection": "random", "seed": seed, "accuracy": 30.0 + seed})  # 10 below at every seed
+        rows.append({"k": 3, "selection": "vessal", "seed": seed, "accuracy": 40.0 + seed + (-3, 4, -1)[seed]})
+    benefit = pd.DataFrame([{"steps": s, "start": start, "seed": seed, "accuracy": 50.0 + seed + (start == "server A")}
+                            for s in (0, 5) for start in ("merged A (FedAvg)", "server A") for seed in (0, 1)])
+    text = fedacross_reading(pd.DataFrame(rows), benefit, pd.DataFrame(), pd.DataFrame(), [0, 1, 2])
+    assert "the 2 (k, selection) cells: 1 below g, 1 undetermined against g." in text
+    assert "k = 3: VeSSAL - random = +10.00 [" in text and "(3 seeds): ahead" in text
+    # two seeds: a constant difference is still undetermined (stats.MIN_SEEDS)
+    assert "the merged A is undetermined at 2 of 2 step counts" in text
+    assert "merged A - server A = -1.00 [-1.00, -1.00] (2 seeds): undetermined, fewer than 3 seeds" in text

@@ -220,8 +220,12 @@ def test_paired_verdict_flags_a_fedavg_at_chance():
 
     at_chance = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 11.0}}})
     trained = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 30.0}}})
-    assert "within 5 points of chance" in paired_verdict("x", at_chance)
+    near = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 18.0}}})  # 8 points above chance, under 2x it
+    assert "Caveat: FedAvg (11.0%) is within 2x chance (10%)" in paired_verdict("x", at_chance)
+    assert "within 2x chance" in paired_verdict("x", near)
     assert "chance" not in paired_verdict("x", trained)
+    # one seed: the difference is read, never called ahead
+    assert "FedICON - FedAvg = +10.00 (1 seed): undetermined, fewer than 3 seeds" in paired_verdict("x", trained)
 
 
 def test_budget_reading_reports_each_budget_and_the_domain_gap():
@@ -234,9 +238,9 @@ def test_budget_reading_reports_each_budget_and_the_domain_gap():
                    "Local": {s: {"mnist": 60.0, "mnistm": 30.0} for s in (0, 1)}})
     text = budget_reading({"small": small, "large": large}, {"FedICON": 62.23, "FedAvg": 55.04})
     lines = text.splitlines()
-    assert lines[0].startswith("- small") and "FedICON − FedAvg = -9.75" in lines[0]
+    assert lines[0].startswith("- small") and "FedICON - FedAvg = -9.75" in lines[0]
     assert "on mnistm alone FedICON 20.5, FedAvg 40.0" in lines[0]
-    assert lines[1].startswith("- large") and "FedICON − FedAvg = +7.75" in lines[1]
+    assert lines[1].startswith("- large") and "FedICON - FedAvg = +7.75" in lines[1]
     assert "best other method Local 45.0" in lines[1]
     assert lines[2].endswith("+7.19.")
 
@@ -269,11 +273,11 @@ def test_components_reading_pairs_each_part_and_names_ties():
                     "FedICON-us": {s: {"a": 57.0 + s} for s in (0, 1)}, "FedAvg": methods["ablation 010"]})
     text = components_reading({"budget": _tidy(methods)})
     assert text.startswith("- budget (seeds [0, 1])")
-    assert "local invariance extraction: all three − without it = +0.00" in text  # 111 vs 011
-    assert "global invariance sharing: all three − without it = +22.00" in text and "(paper +12.56)" in text
-    assert "test-time adaptation: all three − without it = +3.00" in text and "(paper +2.84)" in text
+    assert "local invariance extraction: all three - without it = +0.00" in text  # 111 vs 011
+    assert "global invariance sharing: all three - without it = +22.00" in text and "(paper +12.56)" in text
+    assert "test-time adaptation: all three - without it = +3.00" in text and "(paper +2.84)" in text
     tie = "[global invariance sharing, test-time adaptation] = [local invariance extraction, global invariance " \
           "sharing, test-time adaptation] (58.50"
     assert tie in text
-    assert "FedICON − FedICON-us = +1.00" in text and "(paper +0.63)" in text
-    assert "FedICON-us − FedAvg = +7.00" in text and "(paper +6.56)" in text
+    assert "FedICON - FedICON-us = +1.00" in text and "(paper +0.63)" in text
+    assert "FedICON-us - FedAvg = +7.00" in text and "(paper +6.56)" in text

@@ -717,24 +717,29 @@ def test_warm_start_and_untrained_variants_do_not_plan_ahead():
 
 
 def test_claims_reading_pairs_seeds_and_names_each_verdict():
-    """Notebook 10's reading of Table 1: NIID 'ahead' only when FedTSA leads at every paired seed; IID a match
-    within the tolerance; a missing FedTSA row is said, not guessed."""
+    """Notebook 10's reading of Table 1: each difference paired by seed and decided by ``stats.verdict`` (NIID
+    'beats': a direction claim, the interval above 0; IID 'matches': a tie claim, the interval inside +-0.5); a
+    missing FedTSA row is said."""
     from ftta_core.fedtsa.table1 import fedtsa_claims_reading
 
     rows = []
     for seed in range(3):
-        for setting, tsa, avg in (("niid", 72.0 + 0.1 * seed, 72.05), ("iid", 74.4, 74.45 + seed)):
+        for setting, tsa, avg in (("niid", 72.0 + 0.1 * seed, 72.05), ("iid", 74.4, 74.45 + 0.1 * seed)):
             for strategy, acc in (("fedtsa", tsa), ("fedavg", avg)):
                 rows.append({"setting": setting, "strategy": strategy, "seed": seed, "accuracy": acc,
                              "accuracy_local": 69.0, "accuracy_source": 63.5})
     text = fedtsa_claims_reading(pd.DataFrame(rows), "bn")
-    assert "Local 69.00 (+3.10 ± 0.10 over 3 paired seeds: ahead)" in text
-    assert "FedAvg 72.05 (+0.05 ± 0.10 over 3 paired seeds: within seed noise)" in text
-    assert "IID: FedTSA 74.40 against FedAvg 75.45 (-1.05 ± 1.00 over 3 paired seeds: behind by more than 0.5" in text
+    assert "Local 69.00 (FedTSA - Local = +3.10 [+2.85, +3.35] (3 seeds); 'beats': holds)" in text
+    assert "FedAvg 72.05 (FedTSA - FedAvg = +0.05 [-0.20, +0.30] (3 seeds); 'beats': undetermined)" in text
+    assert ("IID: FedTSA 74.40 against FedAvg 74.55 (FedTSA - FedAvg = -0.15 [-0.40, +0.10] (3 seeds); "
+            "'matches': holds)") in text
     assert "the paper: FedTSA 60.27, Local 56.93, FedAvg 56.52" in text
-    small = pd.DataFrame(rows).assign(accuracy_local=71.95)  # FedTSA 0.05-0.25 above Local at every seed
-    assert "Local 71.95 (+0.15 ± 0.10 over 3 paired seeds: ahead at every seed, by less than 0.5 points)" in \
-        fedtsa_claims_reading(small, "bn")
+    apart = pd.DataFrame(rows).assign(accuracy=lambda r: r.accuracy + (r.setting == "iid") * (r.strategy == "fedavg"))
+    assert "'matches': does not hold" in fedtsa_claims_reading(apart, "bn")  # FedAvg 1 point above at every seed
+    same = pd.DataFrame(rows).assign(accuracy=lambda r: r.accuracy.where(r.setting == "niid", 74.4))
+    assert "'matches': holds, identical at every seed" in fedtsa_claims_reading(same, "bn")
+    two = fedtsa_claims_reading(pd.DataFrame(rows).query("seed < 2"), "bn")  # under 3 seeds: never holds
+    assert "FedTSA - Local = +3.05 [+2.41, +3.69] (2 seeds); 'beats': undetermined" in two
     grad = fedtsa_claims_reading(pd.DataFrame(rows).query("strategy != 'fedtsa'"), "grad")
     assert grad == "**TTA-grad.** NIID: no FedTSA run stored yet. IID: no FedTSA run stored yet."
 

@@ -89,12 +89,30 @@ def test_gains_over_local_are_paired_by_seed_and_read_out():
     grid = pd.DataFrame(rows)
     gains = gains_over_local(grid)
     bn = gains.loc["bn"]
-    assert np.isclose(bn.loc["fedavg", "gain"], 2.1) and bool(bn.loc["fedavg", "significant"])
-    assert bn.loc["fedamp", "gain"] == -1.0 and bool(bn.loc["fedamp", "significant"])  # constant -1: ci 0
-    assert not bool(bn.loc["pfedgraph", "significant"]) and gains.loc[("tent", "fedavg"), "seeds"] == 1
+    assert np.isclose(bn.loc["fedavg", "gain"], 2.1) and bn.loc["fedavg", "comparison"] == "ahead"
+    assert bn.loc["fedamp", "gain"] == -1.0 and bn.loc["fedamp", "comparison"] == "behind"  # constant -1: ci 0
+    assert bn.loc["pfedgraph", "comparison"] == "identical" and gains.loc[("tent", "fedavg"), "seeds"] == 1
+    assert gains.loc[("tent", "fedavg"), "comparison"] == "undetermined"  # one seed: never above or below
     text = leaderboard_reading(leaderboard_table(grid), gains, n_locals=2, n_strategies=4, n_seeds=3)
     assert "16 of 24 runs are stored: 6 of 8 cells, 5 of them with all 3 seeds" in text
-    assert "**bn** (gain over local, points ± 95% CI): above local: fedavg +2.10 ± 0.25; below local: fedamp -1.00" in text
-    assert "not distinguishable from local: pfedgraph" in text and "one seed only (no interval): fedavg" in text
+    assert ("**bn** (gain over local in points [95% CI], paired by seed): above local: fedavg +2.10 [+1.85, +2.35]; "
+            "below local: fedamp -1.00 [-1.00, -1.00]; identical to local at every seed: pfedgraph +0.00.") in text
+    assert "above local: none; fewer than 3 paired seeds (undetermined): fedavg +0.50 (1 seed)." in text
     named = leaderboard_reading(leaderboard_table(grid), gains, 3, 4, 3, locals_=["bn", "tent", "cotta"])
     assert "No run stored yet for: cotta." in named and "No run stored" not in text
+
+
+def test_gains_over_local_with_two_seeds_are_undetermined_and_within_the_margin_is_equal():
+    from ftta_core.leaderboard import gains_over_local, leaderboard_reading
+
+    rows = [{"local": "bn", "strategy": s, "seed": seed, "accuracy": acc}
+            for seed in range(3) for s, acc in (("local", 60.0 + seed), ("fedavg", 60.0 + seed + (0.0, 0.2, 0.1)[seed]),
+                                                ("fedamp", 63.0 + seed if seed < 2 else None))]
+    grid = pd.DataFrame(rows).dropna()
+    gains = gains_over_local(grid).loc["bn"]
+    assert gains.loc["fedavg", "comparison"] == "equal within the margin"
+    assert gains.loc["fedamp", "seeds"] == 2 and gains.loc["fedamp", "comparison"] == "undetermined"
+    text = leaderboard_reading(leaderboard_table(grid), gains_over_local(grid), 1, 3, 3)
+    assert "equal to local within 0.5 points: fedavg +0.10 [-0.15, +0.35]" in text
+    assert "fewer than 3 paired seeds (undetermined): fedamp +3.00 [+3.00, +3.00] (2 seeds)" in text
+    assert gains_over_local(grid[grid.strategy != "local"]).empty

@@ -57,31 +57,37 @@ def test_the_choice_is_checked_on_a_second_held_out_stream():
 
 
 def test_claims_pair_seeds_and_read_the_papers_table():
+    from ftta_core import stats
+
     name = setting_name(4, "none")
     rows = []
-    for seed in (0, 1):
-        rows += [{"alpha": 0.1, "variant": name, "seed": seed, "accuracy": 60.0 + seed, "same domain": 0.5,
-                  "uniform same-domain": 0.2},
+    for seed in (0, 1, 2):
+        rows += [{"alpha": 0.1, "variant": name, "seed": seed, "accuracy": 60.0 + seed + 0.1 * (seed == 1),
+                  "same domain": 0.5 + 0.01 * seed, "uniform same-domain": 0.2},
                  {"alpha": 0.1, "variant": "BBN alone", "seed": seed, "accuracy": 58.0 + seed},
                  {"alpha": 0.1, "variant": "FedAvg + BBN", "seed": seed, "accuracy": 62.0 + seed}]
     claims = pfedbbn_claims(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.1, "variant": name}]))
     by = {c["claim"]: c for c in claims}
     bbn, fedavg = by["pFedBBN above BBN alone, alpha 0.1"], by["pFedBBN above FedAvg + BBN, alpha 0.1"]
     assert bbn["paper"] == pytest.approx(72.41 - 56.88)  # pFedBBN Table 1, CIFAR-10-C, first Non-IID column
-    # +2.0 is on the paper's side of 0 but under a third of its +15.53
-    assert (bbn["ours"], bbn["seeds"], bbn["verdict"]) == (2.0, 2, "direction only")
+    # about +2.03 [+1.89, +2.18]: above 0 on the paper's side, far under its +15.53 (stats.verdict)
+    assert (bbn["seeds"], bbn["verdict"]) == (3, "direction only") and bbn["low"] > 0
+    assert bbn["cell class"] == "rule-chosen (pre-registered)" and bbn["cell class"] in stats.CELL_CLASSES
     clusters = by["pFedBBN's W clusters by domain (same-domain share minus uniform, in points), alpha 0.1"]
-    assert clusters["verdict"] == "holds"  # a claim without a number: the side alone, however far above uniform
-    assert fedavg["verdict"] == "does not hold"
-    assert by["pFedBBN's W clusters by domain (same-domain share minus uniform, in points), alpha 0.1"]["ours"] == \
-        pytest.approx(30.0)
-    assert "(chosen by the held-out rule)" in bbn["settled by"]
+    assert clusters["verdict"] == "holds"  # a direction claim: the interval above 0, however far above uniform
+    assert clusters["ours"] == pytest.approx(31.0) and clusters["cell class"] == "post hoc"
+    assert fedavg["verdict"] == "does not hold"  # below FedAvg + BBN at every seed, the paper above it
+    assert "(chosen by the held-out rule)" in bbn["settled by"] and bbn["settled by"].endswith("seeds [0, 1, 2]")
     other = pfedbbn_claims(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.1, "variant": name}]), how="the runner-up")
     assert all("(the runner-up)" in c["settled by"] for c in other)
     chosen = pd.DataFrame([{"alpha": 0.1, "variant": name, "runner-up": setting_name(8, "none")}])
     assert pd.DataFrame(checked_claims(pd.DataFrame(rows), chosen, pd.DataFrame())).equals(pd.DataFrame(claims))
     flipped = pd.DataFrame([{"alpha": 0.1, "same choice": False}])
-    assert len(checked_claims(pd.DataFrame(rows), chosen, flipped)) == 2 * len(claims)
+    both = checked_claims(pd.DataFrame(rows), chosen, flipped)
+    assert len(both) == 2 * len(claims) and {c["cell class"] for c in both[len(claims):]} == {"post hoc"}
+    # under 3 paired seeds nothing holds or fails: undetermined
+    two = pfedbbn_claims(pd.DataFrame(rows).query("seed < 2"), pd.DataFrame([{"alpha": 0.1, "variant": name}]))
+    assert {c["verdict"] for c in two} == {"undetermined"}
 
 
 def test_curve_averages_seeds():

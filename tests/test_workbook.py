@@ -223,26 +223,25 @@ def test_per_domain_table_seeds_column_counts_distinct_seeds_as_integers():
     assert pd.api.types.is_integer_dtype(side["seeds"]) and side.loc["FedAvg", "seeds"] == 2
 
 
-def test_paired_difference_says_within_seed_noise_when_signs_change_or_below_the_spread():
-    from ftta_core.workbook import difference_phrase, ordering_phrase, paired_difference, per_seed_values
+def test_ordering_per_seed_values_and_common_seeds():
+    from ftta_core.workbook import common_seeds, ordering_phrase, per_domain_table, per_seed_values
 
-    a = pd.Series({0: 71.0, 1: 72.0, 2: 73.0})
-    assert paired_difference(a, a - 1.0)["verdict"] == "ahead"
-    assert paired_difference(a - 1.0, a)["verdict"] == "behind"
-    flip = paired_difference(a, pd.Series({0: 70.0, 1: 72.5, 2: 72.0}))
-    assert flip["verdict"] == "within seed noise" and "change sign" in flip["why"]
-    small = paired_difference(pd.Series({0: 1.0, 1: 3.0}), pd.Series({0: 0.99, 1: 1.0}))
-    assert small["verdict"] == "within seed noise"  # same sign, mean 1.005 < std 1.41
-    # one common seed: compared with the seed spread of the method that has several seeds
-    many = pd.Series({0: 72.0, 1: 72.2, 2: 71.8})  # std 0.2
-    assert paired_difference(many, pd.Series({0: 71.9}))["verdict"] == "within seed noise"
-    assert paired_difference(many, pd.Series({0: 71.0}))["verdict"] == "ahead"
-    assert paired_difference(pd.Series({0: 2.0}), pd.Series({0: 1.0}))["verdict"] == "one seed"
-    assert paired_difference(a, pd.Series({5: 1.0}))["verdict"] == "no common seed"
-    assert "+1.00 over 3 paired seeds (ahead" in difference_phrase(a, a - 1.0, "A", "B")
     assert ordering_phrase({"a": 1.0, "b": 3.0, "c": float("nan")}) == "b 3.00 > a 1.00"
     table = per_seed_values({("x", 0): {"accuracy": 1.0}, ("x", 1): {"accuracy": 2.0}, ("y", 1): {"accuracy": 5.0}})
     assert table.loc[1, "y"] == 5.0 and np.isnan(table.loc[0, "y"]) and list(table.index) == [0, 1]
+
+    def summary(acc):
+        return {"accuracy": acc, "accuracy_source": 30.0,
+                "accuracy_by_domain": {"mixed": {"fog": acc}, "source": {"fog": 30.0}}}
+
+    # seed 2's FedTSA run and a run without per-domain numbers are left out: both rows are over seeds 0 and 1
+    summaries = {("fedavg", 0): summary(60.0), ("fedavg", 1): summary(70.0), ("fedavg", 3): {"accuracy": 1.0},
+                 ("fedtsa", 0): summary(61.0), ("fedtsa", 1): summary(72.0), ("fedtsa", 2): summary(99.0)}
+    kept = common_seeds(summaries)
+    assert sorted(kept) == [("fedavg", 0), ("fedavg", 1), ("fedtsa", 0), ("fedtsa", 1)]
+    rows = per_domain_table(kept)
+    assert rows.loc["fedtsa", "mean"] - rows.loc["fedavg", "mean"] == 1.5  # the mean of the paired differences
+    assert common_seeds({}) == {}
 
 
 def test_case_study_reading_orders_methods_and_reads_the_slot_from_its_tables():

@@ -13,6 +13,7 @@ import torch
 
 from ..data.base import ImageArray
 from ..rng import numpy_generator, torch_generator
+from ..stats import MARGIN, comparison, comparison_phrase, paired
 from .augment import AugmentSpec
 from .client import (ClientResult, ClientSpec, EarlyStop, accuracy, augmented_features, backbone_features,
                      embed_features, merge_adapters, predict, run_client)
@@ -202,29 +203,30 @@ def tsne_points(model: FedAcrossNet, images: torch.Tensor, labels: torch.Tensor,
                          "prototype": np.r_[np.zeros(len(emb), bool), np.ones(len(protos), bool)]})
 
 
+# a trained variant against g (the server's classifier), in the words of ``stats.comparison``
+AGAINST_G = {"behind": "below g", "ahead": "above g",
+             "equal within the margin": f"equal to g within {MARGIN:g} points", "identical": "identical to g", "undetermined": "undetermined against g",
+             "no paired seed": "not comparable (no paired seed)"}
+
+
 def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_avg: pd.DataFrame,
                       costs: pd.DataFrame, seeds: Sequence[int], paper_avg: Optional[pd.Series] = None) -> str:
-    """The notebook's reading, computed from its tables; differences are paired by seed and called above / below
-    only beyond seed noise (``workbook.paired_difference``).
+    """The notebook's reading, computed from its tables; differences are paired by seed, with their 95% interval,
+    and called above / below only when it excludes 0 (``stats.comparison``).
 
     ``per_seed_k``: columns k, selection, seed, accuracy (mean over clients; k = 0 is the server's classifier g);
     ``benefit``: ``new_client_benefit`` rows with a seed column; ``office_avg``: columns k, seed, accuracy (mean over
     the pairs); ``costs``: ``cost_table`` with a 'bytes_up / full' column; ``paper_avg``: the paper's Office-31
     average per k."""
-    from ..workbook import difference_phrase, paired_difference
-
     seeds = list(seeds)
     g = per_seed_k[per_seed_k.k == 0].groupby("seed").accuracy.mean()
     shots = per_seed_k[per_seed_k.k > 0]
     parts = []
     if len(g) and len(shots):
         cells = {key: grp.groupby("seed").accuracy.mean() for key, grp in shots.groupby(["k", "selection"])}
-        verdicts = pd.Series({key: paired_difference(acc, g)["verdict"] for key, acc in cells.items()})
+        verdicts = pd.Series({key: comparison(paired(acc, g)) for key, acc in cells.items()})
         means = pd.Series({key: acc.mean() for key, acc in cells.items()})
         counts = verdicts.value_counts()
-        said = {"behind": "below g beyond seed noise", "ahead": "above g beyond seed noise",
-                "within seed noise": "within seed noise of g", "one seed": "untested (one seed)",
-                "equal": "equal to g", "no common seed": "not comparable"}
         spread = f" ± {g.std(ddof=1):.1f}" if len(g) > 1 else ""
         ks = sorted({k for k, _ in cells})
         text = (f"**Prototypes against g.** The server's classifier g without adaptation (k = 0) scores "
@@ -232,7 +234,7 @@ def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_av
                 f"{means.min():.1f}-{means.max():.1f}% over k = {', '.join(map(str, ks))} and the selections "
                 f"{', '.join(sorted(shots.selection.unique()))}. "
                 f"Paired by seed against g, the {len(cells)} (k, selection) cells: "
-                + ", ".join(f"{counts[v]} {said[v]}" for v in counts.index) + ".")
+                + ", ".join(f"{counts[v]} {AGAINST_G[v]}" for v in counts.index) + ".")
         if counts.get("behind", 0) == len(cells):
             text += (" Why is not tested here. **Untested hypothesis**: our backbone, trained from random "
                      "initialisation (its card in `data/checkpoints/fedacross/`) rather than from the paper's "
@@ -243,22 +245,20 @@ def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_av
         if "vessal" in by_sel and "random" in by_sel:
             v, r = by_sel["vessal"], by_sel["random"]
             parts.append("**VeSSAL against random selection** (same label budget): "
-                         + "; ".join(f"k = {k}: {difference_phrase(v[k], r[k], 'VeSSAL', 'random')}"
+                         + "; ".join(f"k = {k}: {comparison_phrase(v[k], r[k], 'VeSSAL', 'random')}"
                                      for k in v.columns if k in r.columns) + ".")
     if len(benefit):
         b = benefit.groupby(["steps", "start", "seed"]).accuracy.mean().unstack("start")
         if {"merged A (FedAvg)", "server A"} <= set(b.columns):
             steps = sorted(b.index.get_level_values("steps").unique())
-            phrase = {s: difference_phrase(b.loc[s, "merged A (FedAvg)"], b.loc[s, "server A"], "merged A",
+            phrase = {s: comparison_phrase(b.loc[s, "merged A (FedAvg)"], b.loc[s, "server A"], "merged A",
                                            "server A") for s in steps}
-            verdicts = pd.Series({s: paired_difference(b.loc[s, "merged A (FedAvg)"], b.loc[s, "server A"])["verdict"]
+            verdicts = pd.Series({s: comparison(paired(b.loc[s, "merged A (FedAvg)"], b.loc[s, "server A"]))
                                   for s in steps})
             counts = verdicts.value_counts()
-            said = {"behind": "behind beyond seed noise", "ahead": "ahead beyond seed noise",
-                    "one seed": "untested (one seed)", "no common seed": "not comparable"}
             parts.append(f"**A joining client** starting from the FedAvg-merged A against the server's A, over "
                          f"{', '.join(map(str, steps))} optimiser steps: the merged A is "
-                         + ", ".join(f"{said.get(v, v)} at {counts[v]}" for v in counts.index)
+                         + ", ".join(f"{v} at {counts[v]}" for v in counts.index)
                          + f" of {len(steps)} step counts (at {steps[0]}: {phrase[steps[0]]}; at {steps[-1]}: "
                          f"{phrase[steps[-1]]}).")
     if len(office_avg):
@@ -348,24 +348,20 @@ def a2_reading(table: pd.DataFrame) -> str:
     """The A2 reading, computed from ``a2_settling`` rows (several seeds' files concatenated): every trained variant
     against g at each k, then the one-factor contrasts (Algorithm 1's per-batch augmentation against cached features;
     early stopping against none; training against the untrained server A), each paired by seed and called above /
-    below only beyond seed noise (``workbook.difference_phrase``)."""
-    from ..workbook import difference_phrase, paired_difference
-
+    below only when its 95% interval excludes 0 (``stats.comparison``, ``stats.comparison_phrase``)."""
     per_seed = table.groupby(["variant", "k", "seed"]).accuracy.mean()
     if A2_VARIANTS[0] not in per_seed.index.get_level_values("variant"):
         return "No A2 rows with g (k = 0) to compare against."
     g = per_seed.loc[A2_VARIANTS[0]].droplevel("k")
     ks = sorted(k for k in table.k.unique() if k > 0)
     cell = lambda v, k: per_seed.loc[(v, k)] if (v, k) in per_seed.index else pd.Series(dtype=float)  # noqa: E731
-    said = {"behind": "below g", "ahead": "above g", "within seed noise": "within seed noise of g",
-            "one seed": "one seed (untested)", "equal": "equal to g", "no common seed": "not comparable"}
     lines = [f"g (the server's classifier, no adaptation): {g.mean():.1f}% over seeds {sorted(int(s) for s in g.index)}."]
     for v in A2_VARIANTS[1:]:
         got = [(k, cell(v, k).dropna()) for k in ks]
         got = [(k, a) for k, a in got if len(a)]
         if not got:
             continue
-        lines.append(f"{v}: " + "; ".join(f"k = {k}: {a.mean():.1f}% ({said[paired_difference(a, g)['verdict']]})"
+        lines.append(f"{v}: " + "; ".join(f"k = {k}: {a.mean():.1f}% ({AGAINST_G[comparison(paired(a, g))]})"
                                           for k, a in got) + ".")
     contrasts = (("prototypes, A as Alg. 1", "prototypes, A on cached features", "Algorithm 1's per-batch augmentation"),
                  ("prototypes, A as Alg. 1 + early stop", "prototypes, A as Alg. 1", "early stopping"),
@@ -374,7 +370,7 @@ def a2_reading(table: pd.DataFrame) -> str:
         got = [(k, cell(a, k).dropna(), cell(b, k).dropna()) for k in ks]
         got = [(k, x, y) for k, x, y in got if len(x) and len(y)]
         if got:
-            lines.append(f"Effect of {what}: " + "; ".join(f"k = {k}: {difference_phrase(x, y, 'with', 'without')}"
+            lines.append(f"Effect of {what}: " + "; ".join(f"k = {k}: {comparison_phrase(x, y, 'with', 'without')}"
                                                          for k, x, y in got) + ".")
     return "\n".join(f"- {line}" for line in lines)
 

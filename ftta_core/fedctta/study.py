@@ -17,6 +17,7 @@ import torch
 from ..build import build_run
 from ..experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
 from ..rng import numpy_generator
+from ..stats import comparison_phrase
 from ..stream import Stream
 from ..strategies import build_strategy
 from ..strategies.base import Strategy
@@ -211,12 +212,11 @@ def probe_temperature_grid(base: ExperimentConfig, temperatures: Sequence[float]
     return grid.assign(setting=parts.str[0], temperature=parts.str[1].astype(float))
 
 
-def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], n_clients: int,
-                              tie: float = 0.5) -> str:
+def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], n_clients: int) -> str:
     """What the (probe setting x temperature) curve says, computed: per setting, accuracy and self-weight at T = 1
     (and whether W is then uniform mixing, self-weight 1/N to 3 decimals) and the best temperature; the EMA's effect
-    at T = 1 for each setting that is also run without it (``tie`` points read as equal); the distance to FedAvg
-    (``refs['fedavg']``)."""
+    at T = 1 for each setting that is also run without it, paired by seed (``stats.comparison_phrase``); the
+    distance to FedAvg (``refs['fedavg']``)."""
     means = grid.groupby(["setting", "temperature"])[["accuracy", "self weight"]].mean()
     settings = list(dict.fromkeys(grid["setting"]))
     lines = []
@@ -234,12 +234,12 @@ def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], n_c
         if "fedavg" in refs:
             text += f", {rows.loc[best, 'accuracy'] - refs['fedavg']:+.2f} points from FedAvg"
         lines.append(text + ".")
+    at_1 = grid[grid["temperature"] == 1.0].pivot_table(index="seed", columns="setting", values="accuracy")
     for setting in settings:
         with_ema = f"{setting}, EMA 0.9"
-        if with_ema in settings and (setting, 1.0) in means.index and (with_ema, 1.0) in means.index:
-            d = means.loc[(with_ema, 1.0), "accuracy"] - means.loc[(setting, 1.0), "accuracy"]
-            lines.append(f"- At T = 1 the EMA moves accuracy by {d:+.2f} points with {setting} ("
-                         + ("within" if abs(d) <= tie else "beyond") + f" the {tie} tie band).")
+        if with_ema in at_1 and setting in at_1:
+            lines.append(f"- At T = 1 the EMA moves accuracy with {setting}: "
+                         + comparison_phrase(at_1[with_ema], at_1[setting], "with EMA", "without") + ".")
     return "\n".join(lines)
 
 
@@ -293,12 +293,12 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
         f"({_points(ctta, avg)}) and {loc:.2f}% for Local ({_points(ctta, loc)}). The probe statistic does "
         f"{'' if contrast['within'] < contrast['across'] else 'not '}separate the clusters: at the opened step "
         f"clients of one cluster are {contrast['within']:.1f} apart and clients of different clusters "
-        f"{contrast['across']:.1f}. But W = softmax(-distance) at temperature 1 turns even the within-cluster "
-        f"distance into a small weight: on average a client keeps {100 * own_self:.1f}% of its weight on itself and "
-        f"gives {100 * own_group:.1f}% to the other members of its cluster, so FedCTTA behaves "
-        f"{'almost like Local' if own_self > 0.9 else 'unlike Local'} here. The logit scale of the model sets how "
-        f"sharp W is; over the temperatures tried, FedCTTA is best at {best_t:g} ({by_t.max():.2f}%, "
-        f"{_points(by_t.max(), loc)} over Local).")
+        f"{contrast['across']:.1f}. With W = softmax(-distance) at temperature 1 (the paper's), a client keeps on "
+        f"average {100 * own_self:.1f}% of its weight on itself and gives {100 * own_group:.1f}% to the other members "
+        f"of its cluster, so W is {'near the identity (Local)' if own_self > 0.9 else 'far from the identity'} here "
+        f"(self-weight {'above' if own_self > 0.9 else 'at most'} 90 %). Over the temperatures tried, FedCTTA is best "
+        f"at {best_t:g} ({by_t.max():.2f}%, {_points(by_t.max(), loc)} over Local); that the model's logit scale is "
+        f"what sets W's sharpness is an untested hypothesis here.")
     best = table4.sort_values("mean", ascending=False).iloc[0]
     eu = table4[(table4.probes == "random_noise") & (table4.statistic == "logits") & (table4.distance == "euclidean")]
     kl = table4[(table4.statistic == "logits") & table4.distance.isin(["kl", "cross_entropy"])]

@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Sequence
 import pandas as pd
 
 from ..paper import paper_table
+from ..stats import CHANCE_FACTOR, chance_caveat, comparison_phrase, near_chance
 from .study import ABLATION, METHODS, ablation_name
 
 
@@ -75,22 +76,6 @@ def shift_table(rows: pd.DataFrame, methods: Sequence[str]) -> pd.DataFrame:
                          "delta": shifted.reindex(idx) - orig.reindex(idx)}).round(2)
 
 
-def verdict(name: str, means: pd.Series, tta_methods: Sequence[str] = ("Tent", "EATA", "T3A"),
-            extra: Optional[Dict[str, float]] = None) -> str:
-    """One sentence: FedICON against FedAvg and the best TTA baseline, with the numbers."""
-    if "FedICON" not in means or "FedAvg" not in means:
-        return f"{name}: not run."
-    tta = {m: means[m] for m in tta_methods if m in means}
-    best = max(tta, key=tta.get) if tta else None
-    fi, fa = means["FedICON"], means["FedAvg"]
-    text = (f"{name}: FedICON {fi:.2f}% vs FedAvg {fa:.2f}% ({'beats' if fi > fa else 'does not beat'} it by "
-            f"{fi - fa:+.2f})")
-    if best:
-        text += (f"; best TTA baseline {best} {tta[best]:.2f}% (FedICON {'ahead' if fi > tta[best] else 'behind'} by "
-                 f"{fi - tta[best]:+.2f})")
-    return text + "."
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Readings computed from the notebook's own runs (no sentence is printed whatever the numbers are).
 
@@ -105,28 +90,23 @@ def seed_means(rows: pd.DataFrame, shift: str = "shifted") -> pd.DataFrame:
     return r.groupby(["seed", "method"]).accuracy.mean().unstack()
 
 
-def paired_verdict(name: str, rows: pd.DataFrame, tta_methods: Sequence[str] = TTA_BASELINES,
-                   near_chance: float = 5.0) -> str:
-    """Like ``verdict``, from the tidy rows: FedICON against FedAvg and the best TTA baseline (by mean), each
-    difference paired by seed and called ahead / behind only beyond seed noise (``workbook.paired_difference``);
-    with a caveat when FedAvg is within ``near_chance`` points of chance."""
-    from ..workbook import difference_phrase
-
+def paired_verdict(name: str, rows: pd.DataFrame, tta_methods: Sequence[str] = TTA_BASELINES) -> str:
+    """One sentence from the tidy rows: FedICON against FedAvg and the best TTA baseline (by mean), each difference
+    paired by seed with its 95% interval and ``stats.comparison`` (``stats.comparison_phrase``); with
+    ``stats.chance_caveat`` when FedAvg is within ``stats.CHANCE_FACTOR`` times chance."""
     ps = seed_means(rows)
     if "FedICON" not in ps or "FedAvg" not in ps:
         return f"{name}: not run."
     m = ps.mean()
     text = (f"{name}: FedICON {m['FedICON']:.2f}% vs FedAvg {m['FedAvg']:.2f}% "
-            f"({difference_phrase(ps['FedICON'], ps['FedAvg'], 'FedICON', 'FedAvg')})")
+            f"({comparison_phrase(ps['FedICON'], ps['FedAvg'], 'FedICON', 'FedAvg')})")
     tta = [t for t in tta_methods if t in ps]
     if tta:
         best = max(tta, key=lambda t: m[t])
         text += (f"; best TTA baseline {best} {m[best]:.2f}% "
-                 f"({difference_phrase(ps['FedICON'], ps[best], 'FedICON', best)})")
-    if m["FedAvg"] - CHANCE <= near_chance:
-        text += (f". Caveat: FedAvg is within {near_chance:g} points of chance ({CHANCE:g}%, 10 classes), so this lead "
-                 "is over a baseline that learned almost nothing, not a comparison of trained models")
-    return text + "."
+                 f"({comparison_phrase(ps['FedICON'], ps[best], 'FedICON', best)})")
+    caveat = chance_caveat("FedAvg", m["FedAvg"], CHANCE)
+    return text + (f". {caveat}" if caveat else ".")
 
 
 def digits_reading(rows: pd.DataFrame, epoch_rows: Optional[pd.DataFrame], paper_means: Dict[str, float],
@@ -136,14 +116,14 @@ def digits_reading(rows: pd.DataFrame, epoch_rows: Optional[pd.DataFrame], paper
     itself without TTA (paired by seed); the order of FedICON, Tent and FedAvg beside the paper's Digit-5 means;
     and FedICON − FedAvg along the Fig 3 local-epoch sweep (``epoch_rows``: tidy rows with a column ``value`` = local
     epochs; ``budget_tested``: a larger-budget run exists, so the sweep's hint is not called untested)."""
-    from ..workbook import difference_phrase, ordering_phrase
+    from ..workbook import ordering_phrase
 
     ps = seed_means(rows)
     if "FedICON" not in ps or "FedAvg" not in ps:
         return "No FedICON and FedAvg runs on the digit domains."
     m, sd = ps.mean(), ps.std(ddof=1)
     ms = (lambda k: f"{m[k]:.1f} ± {sd[k]:.1f}" if len(ps) > 1 else f"{m[k]:.1f}")  # noqa: E731
-    diff = (lambda a, b: difference_phrase(ps[a], ps[b], a, b))  # noqa: E731
+    diff = (lambda a, b: comparison_phrase(ps[a], ps[b], a, b))  # noqa: E731
     parts = [f"On the digit domains (a Digit-5 substitute, {clients} clients, {rounds} rounds of {local_epochs} "
              f"local epoch(s), seeds {list(seeds)}) FedICON scores **{ms('FedICON')}** against FedAvg "
              f"{ms('FedAvg')}: {diff('FedICON', 'FedAvg')}."]
@@ -172,7 +152,7 @@ def digits_reading(rows: pd.DataFrame, epoch_rows: Optional[pd.DataFrame], paper
             pe = seed_means(g)
             if "FedICON" in pe and "FedAvg" in pe:
                 gaps[e] = float((pe["FedICON"] - pe["FedAvg"]).mean())
-                said_e = difference_phrase(pe["FedICON"], pe["FedAvg"], "FedICON", "FedAvg")
+                said_e = comparison_phrase(pe["FedICON"], pe["FedAvg"], "FedICON", "FedAvg")
                 phrases.append(f"{e:g} local epoch(s): {said_e}")
         if phrases:
             parts.append("Along the Fig 3 local-epoch sweep (its smaller training sets): " + "; ".join(phrases) + ".")
@@ -190,8 +170,6 @@ def budget_reading(budgets: Dict[str, pd.DataFrame], paper_means: Dict[str, floa
     """FedICON against FedAvg and the best other method at each training budget (tidy rows per budget label, in the
     order given), paired by seed, overall and on ``domain`` (the client whose domain decides the gap); with the
     paper's Digit-5 difference beside them."""
-    from ..workbook import difference_phrase
-
     parts = []
     for label, rows in budgets.items():
         ps = seed_means(rows)
@@ -201,16 +179,17 @@ def budget_reading(budgets: Dict[str, pd.DataFrame], paper_means: Dict[str, floa
         m = ps.mean()
         others = [k for k in ps if k not in ("FedICON", "FedAvg") and not k.startswith("FedICON")]
         text = (f"- {label} (seeds {sorted(int(s) for s in ps.index)}): FedICON {m['FedICON']:.1f}, FedAvg "
-                f"{m['FedAvg']:.1f}; {difference_phrase(ps['FedICON'], ps['FedAvg'], 'FedICON', 'FedAvg')}")
+                f"{m['FedAvg']:.1f}; {comparison_phrase(ps['FedICON'], ps['FedAvg'], 'FedICON', 'FedAvg')}")
         if others:
             best = max(others, key=lambda k: m[k])
-            text += f"; best other method {best} {m[best]:.1f} ({difference_phrase(ps['FedICON'], ps[best], 'FedICON', best)})"
+            text += (f"; best other method {best} {m[best]:.1f} "
+                     f"({comparison_phrase(ps['FedICON'], ps[best], 'FedICON', best)})")
         one = rows[rows.client == domain]
         if len(one):
             pd_ = seed_means(one)
             if "FedICON" in pd_ and "FedAvg" in pd_:
                 text += (f"; on {domain} alone FedICON {pd_['FedICON'].mean():.1f}, FedAvg {pd_['FedAvg'].mean():.1f} "
-                         f"({difference_phrase(pd_['FedICON'], pd_['FedAvg'], 'FedICON', 'FedAvg')})")
+                         f"({comparison_phrase(pd_['FedICON'], pd_['FedAvg'], 'FedICON', 'FedAvg')})")
         parts.append(text + ".")
     if "FedICON" in paper_means and "FedAvg" in paper_means:
         parts.append(f"- The paper (Digit-5, 100 rounds of 5 local epochs): FedICON − FedAvg = "
@@ -225,8 +204,6 @@ def components_reading(budgets: Dict[str, pd.DataFrame]) -> str:
     """Tables 8 and 9 at each training budget (tidy rows per budget label holding the ablation variants and Table 9's
     methods): what each part of FedICON adds (the full method minus it with that part off, paired by seed) beside
     the paper's, the best of the eight variants, and FedICON against FedICON-us and FedICON-us against FedAvg."""
-    from ..workbook import difference_phrase
-
     paper8 = paper_table("fedicon_table8").set_index(["lie", "gis", "tta"]).accuracy
     paper9 = paper_columns("table9", ["Digit-5"], ["FedAvg", "FedICON", "FedICON-us"])["Digit-5"]
     full = ablation_name(True, True, True)
@@ -242,7 +219,7 @@ def components_reading(budgets: Dict[str, pd.DataFrame]) -> str:
             name = ablation_name(*off)
             if name in ps:
                 theirs = float(paper8.loc[(1, 1, 1)] - paper8.loc[tuple(int(f) for f in off)])
-                said.append(f"{part}: {difference_phrase(ps[full], ps[name], 'all three', 'without it')} (paper "
+                said.append(f"{part}: {comparison_phrase(ps[full], ps[name], 'all three', 'without it')} (paper "
                             f"{theirs:+.2f})")
         variants = [ablation_name(*f) for f in ABLATION if ablation_name(*f) in ps]
         m = ps[variants].mean()
@@ -252,19 +229,18 @@ def components_reading(budgets: Dict[str, pd.DataFrame]) -> str:
                 + "; ".join(said) + f". Best of the eight variants (by mean): {' = '.join(f'[{n}]' for n in named)} "
                 f"({m.max():.2f}; the paper's best: all three, {float(paper8.loc[(1, 1, 1)]):.2f})")
         if {"FedICON", "FedICON-us", "FedAvg"} <= set(ps):
-            text += (f". Table 9: {difference_phrase(ps['FedICON'], ps['FedICON-us'], 'FedICON', 'FedICON-us')} "
+            text += (f". Table 9: {comparison_phrase(ps['FedICON'], ps['FedICON-us'], 'FedICON', 'FedICON-us')} "
                      f"(paper {paper9['FedICON'] - paper9['FedICON-us']:+.2f}); "
-                     f"{difference_phrase(ps['FedICON-us'], ps['FedAvg'], 'FedICON-us', 'FedAvg')} "
+                     f"{comparison_phrase(ps['FedICON-us'], ps['FedAvg'], 'FedICON-us', 'FedAvg')} "
                      f"(paper {paper9['FedICON-us'] - paper9['FedAvg']:+.2f})")
         parts.append(text + ".")
     return "\n".join(parts)
 
 
-def other_settings_reading(settings: Dict[str, pd.DataFrame], near_chance: float = 5.0) -> str:
-    """FedICON against FedAvg and Local in each further setting (tidy rows per name), paired by seed, and the
-    settings where FedAvg is within ``near_chance`` points of chance (10 classes)."""
-    from ..workbook import difference_phrase
-
+def other_settings_reading(settings: Dict[str, pd.DataFrame]) -> str:
+    """FedICON against FedAvg and Local in each further setting (tidy rows per name), paired by seed
+    (``stats.comparison_phrase``), and the settings where FedAvg is within ``stats.CHANCE_FACTOR`` times chance (10
+    classes: ``stats.near_chance``)."""
     cells, low = [], []
     for name, rows in settings.items():
         ps = seed_means(rows)
@@ -272,18 +248,18 @@ def other_settings_reading(settings: Dict[str, pd.DataFrame], near_chance: float
             continue
         m = ps.mean()
         cell = f"{name}: FedICON {m['FedICON']:.1f}, FedAvg {m['FedAvg']:.1f}"
-        phrases = [difference_phrase(ps["FedICON"], ps["FedAvg"], "FedICON", "FedAvg")]
+        phrases = [comparison_phrase(ps["FedICON"], ps["FedAvg"], "FedICON", "FedAvg")]
         if "Local" in ps:
             cell += f", Local {m['Local']:.1f}"
-            phrases.append(difference_phrase(ps["FedICON"], ps["Local"], "FedICON", "Local"))
+            phrases.append(comparison_phrase(ps["FedICON"], ps["Local"], "FedICON", "Local"))
         cells.append(f"- {cell} ({'; '.join(phrases)})")
-        if m["FedAvg"] - CHANCE <= near_chance:
+        if near_chance(m["FedAvg"], CHANCE):
             low.append(f"{name} ({m['FedAvg']:.1f})")
     if not cells:
         return ""
     text = "\n".join(cells)
     if low:
-        text += (f"\n\nFedAvg is within {near_chance:g} points of chance ({CHANCE:g}%, 10 classes) in: "
+        text += (f"\n\nFedAvg is within {CHANCE_FACTOR:g}x chance ({CHANCE:g}%, 10 classes) in: "
                  + ", ".join(low) + ". **Untested hypothesis**: there FedICON's lead measures what its personalised "
                  "classifier recovers from a weak shared encoder rather than the paper's comparison of trained "
                  "models; no run here isolates the classifier (Table 8's ablation is on the digit domains only).")

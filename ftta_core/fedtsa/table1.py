@@ -9,6 +9,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import pandas as pd
 
+from .. import stats
 from ..experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig, identity_of
 from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
 from ..runstore import read_summary, run_status
@@ -57,16 +58,20 @@ def _per_seed(grid: pd.DataFrame, strategy: str, tta: str) -> pd.Series:
     return runs
 
 
-def fedtsa_claims_reading(grid: pd.DataFrame, tta: str, dataset: str = "cifar10", tie: float = 0.5) -> str:
-    """FedTSA's Table 1 claims checked on our runs of one TTA mode: in NIID it beats Local and FedAvg, in IID it
-    matches FedAvg. ``grid`` as for ``beside_fedtsa_table1``. Differences are paired by seed (a seed fixes the
-    stream): 'beats' when FedTSA is ahead at every common seed, 'behind' when it is behind at every one, else within
-    seed noise (and 'by less than ``tie`` points' when that is all); 'matches' when the mean difference is at most
-    ``tie`` points."""
+# FedTSA's Table 1 claims per setting: (the other strategies, the claim in words, its kind for ``stats.verdict``)
+TABLE1_CLAIMS = {"niid": (("local", "fedavg"), "beats", "direction"), "iid": (("fedavg",), "matches", "tie")}
+
+
+def fedtsa_claims_reading(grid: pd.DataFrame, tta: str, dataset: str = "cifar10") -> str:
+    """FedTSA's Table 1 claims checked on our runs of one TTA mode: in NIID it beats Local and FedAvg (a direction
+    claim), in IID it matches FedAvg (a tie claim). ``grid`` as for ``beside_fedtsa_table1``. Each difference is
+    paired by seed (a seed fixes the stream), with its 95% interval, and decided by ``stats.verdict``: 'beats' holds
+    when the interval lies above 0, 'matches' when it lies inside +-``stats.MARGIN``; undetermined under
+    ``stats.MIN_SEEDS`` paired seeds."""
     paper = paper_table("fedtsa_table1")
     paper = paper[(paper.dataset == dataset) & (paper.tta == tta)].set_index(["method", "setting"])["mean"]
     parts = []
-    for setting, others in (("niid", ("local", "fedavg")), ("iid", ("fedavg",))):
+    for setting, (others, claim, kind) in TABLE1_CLAIMS.items():
         g = grid[grid.setting == setting]
         ours = _per_seed(g, "fedtsa", tta)
         if ours.empty:
@@ -74,22 +79,14 @@ def fedtsa_claims_reading(grid: pd.DataFrame, tta: str, dataset: str = "cifar10"
             continue
         said = []
         for other in others:
-            theirs = _per_seed(g, other, tta)
-            seeds = ours.index.intersection(theirs.index)
-            if not len(seeds):
-                said.append(f"no {METHOD_LABELS[other]} run at FedTSA's seeds")
+            theirs, label = _per_seed(g, other, tta), METHOD_LABELS[other]
+            est = stats.paired(ours, theirs)
+            if not est.n:
+                said.append(f"no {label} run at FedTSA's seeds")
                 continue
-            d = ours[seeds] - theirs[seeds]
-            if setting == "iid":
-                verdict = (f"a match within {tie:g} points" if abs(d.mean()) <= tie else
-                           f"{'ahead' if d.mean() > 0 else 'behind'} by more than {tie:g} points")
-            else:
-                verdict = "ahead" if (d > 0).all() else "behind" if (d < 0).all() else "within seed noise"
-                if verdict != "within seed noise" and abs(d.mean()) < tie:
-                    verdict += f" at every seed, by less than {tie:g} points"
-            spread = f" ± {d.std(ddof=1):.2f}" if len(d) > 1 else ""
-            said.append(f"{METHOD_LABELS[other]} {theirs[seeds].mean():.2f} ({d.mean():+.2f}{spread} over "
-                        f"{len(d)} paired seeds: {verdict})")
+            same = ", identical at every seed" if est.identical else ""
+            said.append(f"{label} {theirs[list(est.seeds)].mean():.2f} (FedTSA - {label} = {est.text()}; "
+                        f"'{claim}': {stats.verdict(est, None, kind=kind)}{same})")
         label = lambda m: f"{paper.get((m, setting), float('nan')):.2f}"  # noqa: E731
         quoted = ", ".join(f"{METHOD_LABELS[m]} {label(METHOD_LABELS[m])}" for m in others)
         parts.append(f"{setting.upper()}: FedTSA {ours.mean():.2f} against " + " and ".join(said) +
@@ -211,7 +208,8 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
     One row per (cell, step size, setting): the cell's local settings, the seeds with a Local run, Local's accuracy,
     and, paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
     ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1), with the standard
-    deviation of the paired differences (``... sd``, NaN below 2 seeds). NaN where a run is missing. ``stale runs``:
+    deviation of the paired differences (``... sd``, NaN below 2 seeds), the 95 % t half-width (``... ci95``) and
+    each direction's ``stats.verdict`` (``local - local(bn) below``, ``<strategy> - local above``). NaN where a run is missing. ``stale runs``:
     how many of the cell's runs were made by code that has changed since (``python -m ftta_core reproduce`` them).
     ``lrs``: the step sizes to read for each cell (None: the cell's own; others: runs planned with
     ``fedtsa-table --tta CELL --lr X``); ``model``: the source model (None: the shipped one)."""
@@ -238,22 +236,24 @@ def _grad_cell_row(cell: str, params: Mapping[str, Any], setting: str, g: pd.Dat
     local_bn = bn.groupby("seed")["accuracy_local"].first() if len(bn) else pd.Series(dtype=float)
     row = {"cell": cell, "bn": params.get("bn", "batch"), "optimizer": f"{params['optimizer']} {params['lr']:g}",
            "lr": float(params["lr"]), "setting": setting, "seeds": len(local), "local": local.mean() if len(local) else float("nan")}
-    paired = local.index.intersection(local_bn.index)
-    gap = local[paired] - local_bn[paired]
-    row["local - local(bn)"] = gap.mean() if len(paired) else float("nan")
-    row["local - local(bn) sd"] = gap.std(ddof=1) if len(paired) > 1 else float("nan")
+    gap = stats.paired(local, local_bn)
+    row["local - local(bn)"] = gap.mean
+    row["local - local(bn) sd"] = gap.sd
+    row["local - local(bn) ci95"] = gap.half_width
+    row["local - local(bn) below"] = stats.verdict(gap, None, kind="direction", side=-1)
     row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
                                        - paper.get(("Local", setting, "bn"), float("nan")))
     for s in strategies:
         if s == "local":
             continue
         theirs = _per_seed(g, s, "grad") if len(g) else pd.Series(dtype=float)
-        both = local.index.intersection(theirs.index)
         label = METHOD_LABELS.get(s, s)
-        diff = theirs[both] - local[both]
-        row[f"{label} - local"] = diff.mean() if len(both) else float("nan")
-        row[f"{label} - local sd"] = diff.std(ddof=1) if len(both) > 1 else float("nan")
-        row[f"{label} seeds"] = len(both)
+        diff = stats.paired(theirs, local)
+        row[f"{label} - local"] = diff.mean
+        row[f"{label} - local sd"] = diff.sd
+        row[f"{label} - local ci95"] = diff.half_width
+        row[f"{label} - local above"] = stats.verdict(diff, None, kind="direction", side=1)
+        row[f"{label} seeds"] = diff.n
         row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
                                           - paper.get(("Local", setting, "grad"), float("nan")))
     row["stale runs"] = int((g["code"] == "stale").sum()) if len(g) else 0
@@ -268,10 +268,37 @@ def _row_name(d: Mapping[str, Any]) -> str:
     return f"{d['cell']} ({', '.join([d['setting'].upper(), *extra])})"
 
 
-def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
-    """Which cells of ``tta_grad_cells`` show the paper's TTA-grad pattern (Local(grad) clearly below Local(bn),
-    FedAvg clearly above Local: both by more than ``tie`` points), computed from the table; names the cells
-    without runs."""
+def _side_text(est_mean: float, ci95: float, seeds: int, a: str, b: str) -> str:
+    """'A below B (-1.23 [-2.00, -0.46], 5 seeds)': the side ``stats.comparison`` gives a paired difference."""
+    if pd.isna(est_mean):
+        return f"no {a} run paired with {b}"
+    if seeds < 2 or pd.isna(ci95):
+        return f"{a} - {b} {est_mean:+.2f} (1 seed: undetermined)"
+    lo, hi = est_mean - ci95, est_mean + ci95
+    side = ("above" if lo > 0 else "below" if hi < 0 else
+            f"within the {stats.MARGIN:g}-point margin of" if -stats.MARGIN <= lo and hi <= stats.MARGIN else
+            "undetermined against")
+    if seeds < stats.MIN_SEEDS:
+        side = "undetermined against"
+    return f"{a} {side} {b} ({est_mean:+.2f} [{lo:+.2f}, {hi:+.2f}], {seeds} seeds)"
+
+
+def _pattern(d: Mapping[str, Any]) -> str:
+    """The paper's TTA-grad pattern in one row (``stats.verdict`` of two direction claims): Local(grad) below
+    Local(bn) and FedAvg above Local: 'holds' when both hold, 'does not hold' when either does not, else
+    'undetermined'."""
+    parts = [d.get("local - local(bn) below", "no run"), d.get("FedAvg - local above", "no run")]
+    if all(p == "holds" for p in parts):
+        return "holds"
+    if any(p == "does not hold" for p in parts):
+        return "does not hold"
+    return "undetermined"
+
+
+def tta_grad_cells_reading(table: pd.DataFrame) -> str:
+    """Which cells of ``tta_grad_cells`` show the paper's TTA-grad pattern (Local(grad) below Local(bn) and FedAvg
+    above Local, each a direction claim read by ``stats.verdict`` on the 95 % interval over paired seeds; fewer
+    than 3 seeds: undetermined), computed from the table; names the cells without runs."""
     parts = []
     for d in table.to_dict("records"):
         name = _row_name(d)
@@ -279,24 +306,20 @@ def tta_grad_cells_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
         if pd.isna(gap) and pd.isna(gain):
             parts.append(f"{name}: no stored run")
             continue
-        def versus(d: float, a: str, b: str) -> str:
-            side = "below" if d < -tie else "above" if d > tie else None
-            return f"{a} {side} {b} by more than {tie:g} points ({d:+.2f})" if side else \
-                f"{a} within {tie:g} points of {b} ({d:+.2f})"
-
-        fedavg = "no FedAvg run" if pd.isna(gain) else versus(gain, "FedAvg", "Local")
-        holds = (not pd.isna(gain)) and gap < -tie and gain > tie
         stale = int(d.get("stale runs", 0) or 0)
-        parts.append(f"{name}, {d['seeds']} seed(s): {versus(gap, 'Local(grad)', 'Local(bn)')}, {fedavg}: the "
-                     f"paper's pattern {'holds' if holds else 'does not hold'}"
+        parts.append(f"{name}, {d['seeds']} seed(s): "
+                     + _side_text(gap, d.get("local - local(bn) ci95"), d["seeds"], "Local(grad)", "Local(bn)")
+                     + ", " + _side_text(gain, d.get("FedAvg - local ci95"), int(d.get("FedAvg seeds", 0) or 0),
+                                         "FedAvg", "Local")
+                     + f": the paper's pattern {_pattern(d)}"
                      + (f" ({stale} of its runs made by code that has changed since)" if stale else ""))
     return "; ".join(parts) + "."
 
 
-def degraded_local_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
+def degraded_local_reading(table: pd.DataFrame) -> str:
     """Whether FedAvg gains over Local where Local's TTA-grad falls below its TTA-bn (the paper's situation), read
-    from the rows of ``tta_grad_cells`` (any cells, step sizes or source models): which rows have Local(grad) more
-    than ``tie`` below Local(bn), and FedAvg - Local in each of them."""
+    from the rows of ``tta_grad_cells`` (any cells, step sizes or source models): which rows have Local(grad)
+    below Local(bn) (``stats.verdict``: the 95 % interval below 0, at least 3 seeds), and FedAvg - Local in each."""
     rows = [d for d in table.to_dict("records") if not pd.isna(d["local - local(bn)"])]
     if not rows:
         return "No row has both a TTA-grad and a TTA-bn Local run yet."
@@ -305,23 +328,24 @@ def degraded_local_reading(table: pd.DataFrame, tie: float = 0.5) -> str:
         values = {d["setting"]: d[f"paper: {col}"] for d in rows}
         return ", ".join(f"{v:+.2f} {k.upper()}" for k, v in sorted(values.items()) if not pd.isna(v)) or "none"
 
-    low = [d for d in rows if d["local - local(bn)"] < -tie]
+    low = [d for d in rows if d.get("local - local(bn) below") == "holds"]
     if not low:
-        return (f"In none of the {len(rows)} row(s) with runs does Local(grad) fall more than {tie:g} points below "
-                f"Local(bn) (the paper: {paper('local - local(bn)')}), so the situation of the paper's FedAvg gain "
-                f"is not reached here.")
-    said = [f"{_row_name(d)}: Local(grad) − Local(bn) {d['local - local(bn)']:+.2f}, FedAvg − Local "
-            + ("not run" if pd.isna(d.get("FedAvg - local")) else f"{d['FedAvg - local']:+.2f}")
-            + f" ({d['seeds']} seed(s))" for d in low]
-    gains = [d for d in low if not pd.isna(d.get("FedAvg - local")) and d["FedAvg - local"] > tie]
-    return (f"Local(grad) falls more than {tie:g} points below Local(bn) in {len(low)} of {len(rows)} row(s) "
-            f"({'; '.join(said)}); FedAvg gains more than {tie:g} points over Local in {len(gains)} of them "
-            f"(the paper: {paper('FedAvg - local')}).")
+        return (f"In none of the {len(rows)} row(s) with runs is Local(grad) below Local(bn) with a 95 % interval "
+                f"under 0 and at least {stats.MIN_SEEDS} seeds (the paper: {paper('local - local(bn)')}), so the "
+                "situation of the paper's FedAvg gain is not established here.")
+    said = [f"{_row_name(d)}: "
+            + _side_text(d["local - local(bn)"], d.get("local - local(bn) ci95"), d["seeds"], "Local(grad)",
+                         "Local(bn)") + ", "
+            + _side_text(d.get("FedAvg - local", float("nan")), d.get("FedAvg - local ci95"),
+                         int(d.get("FedAvg seeds", 0) or 0), "FedAvg", "Local") for d in low]
+    gains = [d for d in low if d.get("FedAvg - local above") == "holds"]
+    return (f"Local(grad) is below Local(bn) in {len(low)} of {len(rows)} row(s) ({'; '.join(said)}); FedAvg is "
+            f"above Local there in {len(gains)} of them (the paper: {paper('FedAvg - local')}).")
 
 
 def step_size_figure(table: pd.DataFrame) -> "Any":
     """Local(grad) − Local(bn) and FedAvg − Local against the step size, from rows of ``tta_grad_cells`` of one cell
-    (several ``lrs``), one panel per setting on a shared y-scale; ±1 sd over paired seeds where a row has several;
+    (several ``lrs``), one panel per setting on a shared y-scale; the 95 % t interval over paired seeds where a row has several;
     the paper's two gaps as horizontal references. Rows with a ``model`` column (several source models) draw one
     line style and marker per model (the first model solid with circles). Returns the figure."""
     import matplotlib.pyplot as plt
@@ -341,7 +365,7 @@ def step_size_figure(table: pd.DataFrame) -> "Any":
             for model in models:
                 mine = here if model is None else here[here["model"] == model]
                 marker, ls = looks[model]
-                ax.errorbar(mine["lr"], mine[col], yerr=mine[col + " sd"].fillna(0), marker=marker, ls=ls,
+                ax.errorbar(mine["lr"], mine[col], yerr=mine[col + " ci95"].fillna(0), marker=marker, ls=ls,
                             capsize=3, color=colour, label=f"{label}, ours" + ("" if model is None else f" ({model})"))
             ax.axhline(here[f"paper: {col}"].iloc[0], color=colour, ls="--", lw=1, label=f"{label}, paper")
         ax.axhline(0, color="k", lw=0.6)

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .. import style
+from .. import stats, style
 from ..experiment import ALL_CORRUPTIONS, ExperimentConfig, build_scenario
 from ..paper import paper_table
 from ..workbook import same_domain_weight  # noqa: F401  (notebook 30 reads it from here)
@@ -275,9 +275,37 @@ def _pair(table: pd.DataFrame, strategy: str, method: str, setting: str) -> str:
     return f"{ours:.2f}" + ("" if np.isnan(paper) else f" (paper {paper:.2f})")
 
 
-def imbalance_reading(table: pd.DataFrame) -> str:
-    """The notebook's reading of Table 1, computed from ``beside_paper_table1``'s long table: per label-skew setting,
-    whether BBN and pFedBBN beat Tent and Tent + FedAvg (the paper's claim), where BBN's best server is, and which
+# the paper's claim: each of these (strategy, method) runs beats each of the next (``run_rows`` names)
+BBN_ROWS, TENT_ROWS = (("local", "bbn"), ("pfedbbn", "bbn")), (("local", "tent"), ("fedavg", "tent"))
+
+
+def claim_comparisons(runs: pd.DataFrame, setting: str) -> pd.Series:
+    """``stats.comparison`` of each BBN row against each Tent row (``BBN_ROWS`` x ``TENT_ROWS``) in ``setting``,
+    paired by seed (``runs``: ``run_rows``), with the fewest paired seeds among them as ``attrs['seeds']``."""
+    def acc(strategy: str, method: str) -> pd.Series:
+        r = runs[(runs.strategy == strategy) & (runs.method == method) & (runs.setting == setting)]
+        return r.groupby("seed")["accuracy"].mean()
+
+    ests = {(b, t): stats.paired(acc(*b), acc(*t)) for b in BBN_ROWS for t in TENT_ROWS}
+    out = pd.Series({k: stats.comparison(e) for k, e in ests.items()})
+    out.attrs["seeds"] = min(e.n for e in ests.values())
+    return out
+
+
+def claim_word(comparisons: pd.Series) -> str:
+    """Whether BBN/pFedBBN beat Tent/Tent + FedAvg: 'yes' when every comparison of ``claim_comparisons`` is ahead,
+    'no' when one is behind, equal within the margin or identical, else 'undetermined'."""
+    if (comparisons == "ahead").all():
+        return "yes"
+    if comparisons.isin(["behind", "equal within the margin", "identical"]).any():
+        return "no"
+    return "undetermined"
+
+
+def imbalance_reading(table: pd.DataFrame, runs: pd.DataFrame) -> str:
+    """The notebook's reading of Table 1, computed from ``beside_paper_table1``'s long table and the runs behind it
+    (``run_rows``): per label-skew setting, whether BBN and pFedBBN beat Tent and Tent + FedAvg (the paper's claim:
+    each BBN row against each Tent row paired by seed, ``claim_comparisons``), where BBN's best server is, and which
     servers fall far below local adaptation. Settings with no stored BBN / Tent runs are skipped."""
     out: List[str] = []
     settings = list(dict.fromkeys(table.setting))
@@ -292,13 +320,17 @@ def imbalance_reading(table: pd.DataFrame) -> str:
         paper_best = bbn.dropna(subset=["paper"])
         paper_best = paper_best.loc[paper_best.paper.idxmax()] if len(paper_best) else None
         margin = min(bbn_local, pfedbbn) - max(tent_local, tent_avg)
-        beats = "beats" if margin > 0 else "does not beat"
+        said = claim_comparisons(runs, setting)
+        counts = said.value_counts()
         text = (f"**{setting}**: Tent {_pair(table, 'None-Fed', 'Tent', setting)}, Tent + FedAvg "
                 f"{_pair(table, 'FedAvg', 'Tent', setting)}; BBN {_pair(table, 'None-Fed', 'BBN', setting)}, "
                 f"BBN + pFedBBN {_pair(table, 'pFedBBN', 'BBN', setting)}; the source model {source:.2f} (BBN "
                 f"{bbn_local - source:+.2f} from it). "
-                f"BBN/pFedBBN {beats} Tent/Tent + FedAvg here ({margin:+.2f}"
-                " points, the worse of the two BBN rows against the better Tent row). "
+                f"BBN/pFedBBN beats Tent/Tent + FedAvg here: {claim_word(said)} ({margin:+.2f} points, the worse "
+                f"of the two BBN rows' means against the better Tent row's; paired by seed, the four BBN-Tent "
+                f"comparisons: "
+                + ", ".join(f"{counts[c]} {c}" for c in counts.index)
+                + f", over {said.attrs['seeds']} paired seed(s)). "
                 f"BBN's best server is {best.strategy} ({best.ours:.2f})"
                 + (f"; the paper's is {paper_best.strategy} ({paper_best.paper:.2f})" if paper_best is not None else "")
                 + f"; pFedBBN is {pfedbbn - best.ours:+.2f} from it.")
