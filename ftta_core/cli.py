@@ -131,9 +131,12 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
                                    "its checkpoint changed since: rerun grids with FTTA_RERUN_STALE=1, or "
                                    "`reproduce` it), uncertified (today's implementation of a unit it recorded is "
                                    "not certified: `units certify`), unrecorded (stored before code records), "
-                                   "unfinished or unreadable.")
+                                   "unfinished, unreadable, damaged (a file does not match the digest recorded for "
+                                   "it), or, for a live record (a Flower run), running or interrupted (its server "
+                                   "died: its heartbeat stopped).")
     p.add_argument("folders", nargs="*", type=Path, default=[Path("figures")])
-    p.add_argument("--list", choices=["stale", "uncertified", "unfinished", "unreadable", "all"],
+    p.add_argument("--list", choices=["stale", "uncertified", "unfinished", "unreadable", "damaged", "running",
+                                      "interrupted", "all"],
                    help="also list the runs with this status")
     p.add_argument("--migrate", action="store_true",
                    help="first rewrite former code records: one hash per module as definition records (reading "
@@ -542,6 +545,10 @@ def _add_run_plan(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, help="torch threads per worker (default: CPU cores / workers)")
     p.add_argument("--deadline-s", type=float, dest="deadline_s",
                    help="start no job after this many seconds (running ones finish)")
+    p.add_argument("--retries", type=int, default=1,
+                   help="times a job whose worker process died (killed, out of memory) is run again, the other jobs "
+                        "going on (default 1; with --ray: task retries); a job failing after that is reported at "
+                        "the end and the command exits 1")
     p.add_argument("--pending", action="store_true",
                    help="run nothing: print each job that still has runs to make (one line each) and the total")
     from .ray_plan import add_ray_option
@@ -579,15 +586,21 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     jobs = read_plans(args.plan)
     if args.pending:
         return _print_pending(jobs)
+    if args.retries < 0:
+        print(f"error: --retries must be >= 0, got {args.retries}", file=sys.stderr)
+        return 2
     where = f"Ray cluster {args.ray}" if args.ray else f"{args.workers} workers"
     print(f"{len(jobs)} planned jobs, {where}", flush=True)
     done = plan_executor(args)(jobs, workers=args.workers, deadline_s=args.deadline_s, threads=args.threads,
-                    log=functools.partial(print, flush=True))
+                               log=functools.partial(print, flush=True), retries=args.retries)
     errors = [d for d in done if "error" in d]
     skipped = sum(1 for d in done if d.get("skipped"))
     elsewhere = sum(1 for d in done if "elsewhere" in d)
-    print(f"ran {sum(d['runs'] for d in done)} runs; {skipped} jobs skipped at the deadline; {elsewhere} left to "
-          f"another process running them; {len(errors)} failed")
+    retried = sum(1 for d in done if d.get("attempts", 1) > 1 and "error" not in d)
+    print(f"ran {sum(d['runs'] for d in done)} runs; {skipped} jobs skipped at the deadline; {retried} finished "
+          f"after a retry; {elsewhere} left to another process running them; {len(errors)} failed")
+    for d in errors:  # the failed jobs, last: re-running the command runs them again
+        print(f"failed: {d['job']}: {d['error']}")
     return 1 if errors else 0
 
 

@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import io
 import json
+import logging
+import math
+import numbers
 import os
 import platform
 import shutil
@@ -22,7 +27,10 @@ from .build import (ClassTally, Recorder, build_local_for, build_run, build_scen
 from .loop import Engine, StepResult  # noqa: F401  (public names of this module before ``build``)
 from .scenarios import CASE_STUDY_LEADS
 from .stream import CLEAN, Stream
-from .runstore import RunStoreError, atomic_write, atomic_write_text
+from .runstore import (DamagedRun, RunStoreError, atomic_write, atomic_write_text, checkpoint_bytes, file_sha256,
+                       integrity_problem, load_checkpoint, sealed_summary_text, without_integrity, writing)
+
+log = logging.getLogger(__name__)
 
 DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "cifar10": {"model": "resnet8_cifar10"},
@@ -34,6 +42,49 @@ DATASET_DEFAULTS: Dict[str, Dict[str, Any]] = {
 SCENARIOS = ("fedtsa_niid", "fedtsa_iid", "fedctta_niid", "fedctta_iid", "case_study", "case_study_fedctta",
              "heterogeneity")
 ALL_CORRUPTIONS = "all"
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: between ``low`` and ``high`` (each included unless ``*_open``),
+    finite, and an integer when ``integer``."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+
+    def describe(self) -> str:
+        """The range in words: '> 0', 'in [0, 1]', 'an integer >= 1'."""
+        kind = "an integer " if self.integer else ""
+        if math.isinf(self.high):
+            return f"{kind}{'>' if self.low_open else '>='} {self.low:g}"
+        return f"{kind}in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def problem(self, value: Any) -> Optional[str]:
+        """Why ``value`` is outside the range ('must be > 0, got -1'), or None."""
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            return f"must be a number {self.describe()}, got {value!r}"
+        v = float(value)
+        inside = (math.isfinite(v) and (v > self.low if self.low_open else v >= self.low)
+                  and (v < self.high if self.high_open else v <= self.high) and (not self.integer or v.is_integer()))
+        return None if inside else f"must be {self.describe()}, got {value!r}"
+
+
+POSITIVE, NON_NEGATIVE, FRACTION = Range(0, low_open=True), Range(0), Range(0, 1)
+COUNT, INDEX = Range(1, integer=True), Range(0, integer=True)
+# method parameters with one meaning whichever local method or strategy takes them: checked before the method is
+# built, the error naming the field, the parameter and the value (None is left to the method: a default)
+PARAM_RANGES: Dict[str, Range] = {
+    **dict.fromkeys(("lr", "server_lr", "temperature", "tau"), POSITIVE),
+    **dict.fromkeys(("weight_decay", "mu", "lam"), NON_NEGATIVE),
+    **dict.fromkeys(("momentum", "bn_momentum", "teacher_momentum", "probs_momentum", "momentum_src",
+                     "momentum_probs", "beta"), FRACTION),
+    **dict.fromkeys(("steps", "n_augmentations", "n_probes", "interval", "window", "memory_size",
+                     "update_frequency", "fisher_samples", "fisher_batch"), COUNT),
+    **dict.fromkeys(("server_steps", "seed"), INDEX),
+}
 
 
 @dataclass
@@ -65,8 +116,6 @@ class ExperimentConfig:
     participation: float = 1.0
 
     def __post_init__(self) -> None:
-        import numbers
-
         from .corruptions import CORRUPTIONS, SEVERITIES
         from .strategies import STRATEGIES
         from .tta import LOCAL_METHODS
@@ -145,6 +194,8 @@ class ExperimentConfig:
                                  f"{self.participation}")
         if self.label_alpha is not None and not self.label_alpha > 0:
             bad("label_alpha", f"must be positive or None (IID), got {self.label_alpha}")
+        if INDEX.problem(self.seed):
+            bad("seed", INDEX.problem(self.seed) or "")
         from .plugins import PLUGIN_HINT, load_plugins
 
         load_plugins()  # methods of plugins ($FTTA_PLUGINS, 'ftta.plugins' entry points): once per process, then cheap
@@ -161,6 +212,11 @@ class ExperimentConfig:
 
         build_local(self.local, **self.local_params)  # raises naming local_params and the bad key
         build_strategy(self.strategy, **self.strategy_params)
+        for name, method in (("local_params", self.local), ("strategy_params", self.strategy)):
+            for key, value in getattr(self, name).items():
+                problem = PARAM_RANGES[key].problem(value) if key in PARAM_RANGES and value is not None else None
+                if problem:  # as ``registry.build_named`` names a parameter
+                    raise ValueError(f"{name}[{key!r}] for {method!r}: {problem}")
         if self.model is not None and self.model not in SOURCE_MODELS:
             bad("model", f"unknown source model {self.model!r}; valid: {sorted(SOURCE_MODELS)}")
         if self.model is not None:  # a model fits the data its dataset's default model was trained on
@@ -268,12 +324,17 @@ class Results:
 
 
 def load_results(out: Path) -> Results:
-    """Read a finished run folder written by ``run_experiment(out=...)`` / ``python -m ftta_core run``."""
+    """Read a finished run folder written by ``run_experiment(out=...)`` / ``python -m ftta_core run``; its files
+    are checked against the digests its summary records (``runstore.integrity_problem``; a folder written before
+    digests existed is read unchecked): a damaged one raises ``DamagedRun`` naming it."""
     out = Path(out)
+    summary = json.loads((out / "summary.json").read_text())
+    problem = integrity_problem(out / "summary.json", summary)
+    if problem:
+        raise DamagedRun(f"{problem}: the stored run is damaged; --overwrite runs it again")
     steps = pd.read_csv(out / "steps.csv")
     collab = np.load(out / "collaboration.npz")["W"]
-    summary = json.loads((out / "summary.json").read_text())
-    return Results(steps, collab, summary)
+    return Results(steps, collab, without_integrity(summary))
 
 
 def accuracy_by(steps: pd.DataFrame, column: str) -> Dict[str, Dict[str, float]]:
@@ -367,18 +428,26 @@ def _run(cfg: ExperimentConfig, writer: Optional["RunWriter"], progress: bool, d
 
 class RunWriter:
     """Writes a run folder slot by slot so that a crash at any instant leaves a resumable or a complete run
-    (``runstore`` explains the write order). Use under ``runstore.RunLock`` (``run_experiment`` does)."""
+    (``runstore`` explains the write order), and checks every file it resumes from or reads back against the digest
+    recorded for it: the checkpoint vouches for the bytes of ``steps.csv`` and each W part (and carries its own
+    payload's digest), the summary for ``steps.csv`` and ``collaboration.npz``. An unfinished run with a damaged file
+    starts again from step 0 (one line names the file); a finished one is refused unless ``overwrite``. Use under
+    ``runstore.RunLock`` (``run_experiment`` does)."""
+
+    FINISHED_FILES = ("steps.csv", "collaboration.npz")  # what a finished run's summary vouches for
 
     def __init__(self, out: Path, cfg: ExperimentConfig, overwrite: bool = False, reuse_stale: bool = False) -> None:
         self.out, self.cfg, self.overwrite, self.reuse_stale = out, cfg, overwrite, reuse_stale
-        out.mkdir(parents=True, exist_ok=True)
         self.steps_csv, self.ckpt, self.parts = out / "steps.csv", out / "checkpoint.pt", out / "collaboration_parts"
         self.summary_json, self.collab = out / "summary.json", out / "collaboration.npz"
         # per-class totals of the committed steps; None after resuming a checkpoint written without them
         self.classes: Optional[ClassTally] = ClassTally()
         # the recorder's upload size per client and step at the last committed step (restored by ``resume``)
         self.upload_bytes = 0
-        self.remove_temporaries()
+        self.part_digests: Dict[str, str] = {}  # "collaboration_parts/NAME.npy" -> sha256, for the checkpoint
+        with writing(out, "the run folder"):
+            out.mkdir(parents=True, exist_ok=True)
+            self.remove_temporaries()
 
     def remove_temporaries(self) -> None:
         """Delete the temporary files of writes a kill interrupted (``.NAME.PID.XXXX.tmp``, ``atomic_write``): the
@@ -416,13 +485,16 @@ class RunWriter:
 
     def clear(self) -> None:
         """Delete the run's files (summary first: an interrupted clear leaves no complete-looking run)."""
-        for p in (self.summary_json, self.ckpt, self.collab, self.steps_csv):
-            p.unlink(missing_ok=True)
-        if self.parts.exists():
-            shutil.rmtree(self.parts)
+        with writing(self.out, "(deleting) the run's files"):
+            for p in (self.summary_json, self.ckpt, self.collab, self.steps_csv):
+                p.unlink(missing_ok=True)
+            if self.parts.exists():
+                shutil.rmtree(self.parts)
+        self.classes, self.upload_bytes, self.part_digests = ClassTally(), 0, {}
 
     def finished(self) -> bool:
-        """True when the folder holds this config's finished run (it is read back, not run again)."""
+        """True when the folder holds this config's finished run (it is read back, not run again). A summary or a
+        file it vouches for that fails its digest raises ``DamagedRun`` naming it (``overwrite``: run it again)."""
         if not self.summary_json.exists():
             return False
         try:
@@ -430,79 +502,131 @@ class RunWriter:
         except ValueError:
             summary = {}
         stored = summary.get("config") if isinstance(summary, dict) else None
-        if stored is None:
-            raise RunStoreError(f"{self.summary_json} cannot be read; delete {self.out} to run again")
+        problem = (f"{self.summary_json} cannot be read" if stored is None
+                   else integrity_problem(self.summary_json, summary))
+        if problem and not self.overwrite:
+            raise DamagedRun(f"{problem}: the stored run is damaged; --overwrite runs it again (or delete {self.out})")
+        if problem:
+            log.warning("%s: the stored run is damaged; running it again", problem)
+            self.clear()
+            return False
         self._other_config(stored, "a finished run")
         if not self.summary_json.exists():  # cleared by --overwrite
             return False
         self._stale(summary)
         if not self.summary_json.exists():  # stale, cleared by --overwrite
             return False
-        self.ckpt.unlink(missing_ok=True)  # resume state left by a kill after the summary was written
-        if self.parts.exists():
-            shutil.rmtree(self.parts)
+        with writing(self.out, "(deleting) the resume state"):
+            self.ckpt.unlink(missing_ok=True)  # resume state left by a kill after the summary was written
+            if self.parts.exists():
+                shutil.rmtree(self.parts)
         return True
+
+    def _restart(self, problem: str) -> tuple[int, List[dict], List[np.ndarray]]:
+        """Start again from step 0 after ``problem`` (a damaged file, named in one line): nothing committed can be
+        trusted without it, and a run is deterministic, so the result is the same."""
+        log.warning("%s; %s starts again from step 0, its last intact state (the result is the same)", problem,
+                    self.out)
+        self.clear()
+        return 0, [], []
+
+    def _unvouched(self, state: Dict[str, Any]) -> Optional[str]:
+        """Why the rows or W parts the checkpoint ``state`` vouches for cannot be used (a file missing, short or
+        not matching its digest), naming the file; None when they are intact. Checkpoints written before digests
+        existed vouch for byte counts only."""
+        size = state.get("csv_bytes")
+        have = self.steps_csv.stat().st_size if self.steps_csv.exists() else 0
+        if size is not None and have < size:
+            return f"{self.steps_csv} is damaged (it has {have} bytes, its checkpoint vouches for {size})"
+        for name, digest in state.get("files", {}).items():
+            path = self.out / name
+            if not path.is_file():
+                return f"{path} is missing (its checkpoint vouches for it)"
+            if file_sha256(path, size if name == "steps.csv" else None) != digest:
+                return f"{path} is damaged (it does not match the sha256 its checkpoint records)"
+        return None
 
     def resume(self, engine: Engine):
         """Restore engine state, completed rows and per-class totals (``self.classes``); returns
-        (next_step, rows, weights)."""
+        (next_step, rows, weights). A damaged checkpoint, row or W part (named in one line) restarts from step 0."""
         if not self.ckpt.exists():
             self.clear()  # rows or W written before the first checkpoint are not covered by one
             return 0, [], []
-        state = torch.load(self.ckpt, map_location="cpu", weights_only=False)
+        try:
+            state = load_checkpoint(self.ckpt)
+        except DamagedRun as err:
+            return self._restart(str(err))
         self._other_config(state["config"], "an unfinished run")
         if not self.ckpt.exists():  # cleared by --overwrite
             return 0, [], []
-        engine.load_state_dict(state["engine"])
+        problem = self._unvouched(state)
         nxt = state["next_step"]
+        parts = sorted(p for p in self.parts.glob("*.npy") if int(p.stem) <= nxt)
+        try:
+            weights = [w for p in parts for w in np.load(p)][:nxt] if not problem else []
+        except (OSError, ValueError, EOFError) as err:
+            problem = f"{self.parts} holds an unreadable part ({type(err).__name__}: {err})"
+        if not problem and len(weights) != nxt:
+            problem = f"{self.parts} is damaged (it holds W of {len(weights)} steps, its checkpoint vouches for {nxt})"
+        if problem:
+            return self._restart(problem)
+        engine.load_state_dict(state["engine"])
         self.classes = ClassTally.from_state(state["classes"]) if "classes" in state else None
         self.upload_bytes = int(state.get("upload_bytes", 0))
+        self.part_digests = {k: v for k, v in state.get("files", {}).items() if k != "steps.csv"}
         size = state.get("csv_bytes")
-        if size is not None:  # drop what was appended after the checkpoint (a row cut by a kill included)
-            have = self.steps_csv.stat().st_size if self.steps_csv.exists() else 0
-            if have < size:
-                raise RunStoreError(f"{self.steps_csv} has {have} bytes, its checkpoint vouches for {size}: the "
-                                    f"file was damaged; delete {self.out} to run again")
-            with open(self.steps_csv, "r+b") as fh:
-                fh.truncate(size)
-            table = pd.read_csv(self.steps_csv) if size else pd.DataFrame()
-        else:  # a checkpoint written before byte counts were recorded
-            table = pd.read_csv(self.steps_csv) if self.steps_csv.exists() else pd.DataFrame()
-            table = table[table["step"] < nxt] if len(table) else table
-            atomic_write(self.steps_csv, lambda fh: fh.write(table.to_csv(index=False).encode()))
-        parts = sorted(p for p in self.parts.glob("*.npy") if int(p.stem) <= nxt)
-        weights = [w for p in parts for w in np.load(p)][:nxt]
+        with writing(self.out, "steps.csv (dropping rows after the checkpoint)"):
+            if size is not None:  # drop what was appended after the checkpoint (a row cut by a kill included)
+                with open(self.steps_csv, "r+b") as fh:
+                    fh.truncate(size)
+                table = pd.read_csv(self.steps_csv) if size else pd.DataFrame()
+            else:  # a checkpoint written before byte counts were recorded
+                table = pd.read_csv(self.steps_csv) if self.steps_csv.exists() else pd.DataFrame()
+                table = table[table["step"] < nxt] if len(table) else table
+                atomic_write(self.steps_csv, lambda fh: fh.write(table.to_csv(index=False).encode()))
         return nxt, table.to_dict("records"), weights
 
     def commit(self, engine: Engine, next_step: int, rows: List[dict], weights: List[np.ndarray],
                classes: Optional[ClassTally] = None, upload_bytes: int = 0) -> None:
         """Append a finished slot: rows (fsync-ed), W, then the checkpoint, written atomically last with the byte
-        length of ``steps.csv`` it covers and the recorder's state (per-class totals, upload size): a run killed
-        after its last commit resumes to the summary it would have written."""
-        with open(self.steps_csv, "a", newline="") as fh:
-            pd.DataFrame(rows).to_csv(fh, header=fh.tell() == 0, index=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.parts.mkdir(exist_ok=True)
-        block = np.stack(weights).astype(np.float32)
-        atomic_write(self.parts / f"{next_step:08d}.npy", lambda fh: np.save(fh, block))
-        state = {"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step,
-                 "csv_bytes": self.steps_csv.stat().st_size, "upload_bytes": int(upload_bytes)}
-        if classes is not None:
-            state["classes"] = classes.state()
-        atomic_write(self.ckpt, lambda fh: torch.save(state, fh))
+        length and digest of ``steps.csv`` it covers, the digest of every W part, and the recorder's state
+        (per-class totals, upload size): a run killed after its last commit resumes to the summary it would have
+        written. A full disk or a permission error ends in one line (``runstore.RunWriteError``)."""
+        with writing(self.out, f"the rows, W and checkpoint of steps up to {next_step}"):
+            have = self.steps_csv.stat().st_size if self.steps_csv.exists() else 0
+            text = pd.DataFrame(rows).to_csv(header=have == 0, index=False).encode()
+            with open(self.steps_csv, "ab") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.parts.mkdir(exist_ok=True)
+            buf = io.BytesIO()
+            np.save(buf, np.stack(weights).astype(np.float32))
+            block, name = buf.getvalue(), f"{self.parts.name}/{next_step:08d}.npy"
+            atomic_write(self.out / name, lambda fh: fh.write(block))
+            self.part_digests[name] = hashlib.sha256(block).hexdigest()
+            csv_bytes = self.steps_csv.stat().st_size
+            state = {"config": self.cfg.to_dict(), "engine": engine.state_dict(), "next_step": next_step,
+                     "csv_bytes": csv_bytes, "upload_bytes": int(upload_bytes),
+                     "files": {"steps.csv": file_sha256(self.steps_csv, csv_bytes), **self.part_digests}}
+            if classes is not None:
+                state["classes"] = classes.state()
+            data = checkpoint_bytes(state)
+            atomic_write(self.ckpt, lambda fh: fh.write(data))
 
     def finish(self, table: pd.DataFrame, collab: np.ndarray, summary: dict) -> None:
-        """Write W and then the summary (atomically, last: it marks the run complete); drop the resume state.
-        ``steps.csv`` already holds every row (appended slot by slot) and is not rewritten."""
-        if not self.steps_csv.exists():  # a run of zero steps
-            atomic_write(self.steps_csv, lambda fh: fh.write(table.to_csv(index=False).encode()))
-        atomic_write(self.collab, lambda fh: np.savez_compressed(fh, W=collab.astype(np.float32),
-                                                                  steps=np.arange(len(collab))))
-        atomic_write_text(self.summary_json, json.dumps(summary, indent=2, default=float) + "\n")
-        self.ckpt.unlink(missing_ok=True)
-        if self.parts.exists():
-            shutil.rmtree(self.parts)
+        """Write W and then the summary (atomically, last: it marks the run complete), sealed with its own digest
+        and those of ``steps.csv`` and ``collaboration.npz``; drop the resume state. ``steps.csv`` already holds
+        every row (appended slot by slot) and is not rewritten."""
+        with writing(self.out, "the finished run's collaboration.npz and summary.json"):
+            if not self.steps_csv.exists():  # a run of zero steps
+                atomic_write(self.steps_csv, lambda fh: fh.write(table.to_csv(index=False).encode()))
+            atomic_write(self.collab, lambda fh: np.savez_compressed(fh, W=collab.astype(np.float32),
+                                                                      steps=np.arange(len(collab))))
+            atomic_write_text(self.summary_json, sealed_summary_text(summary, self.out, self.FINISHED_FILES, indent=2))
+            self.ckpt.unlink(missing_ok=True)
+            if self.parts.exists():
+                shutil.rmtree(self.parts)
 
 
 def run_strategies(cfg: ExperimentConfig, strategies: Sequence[str], progress: bool = False,

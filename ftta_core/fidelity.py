@@ -109,7 +109,7 @@ def _difference_row(a: pd.Series, b: pd.Series, theirs: float, tie: float = MARG
     return {**out, "stale runs": stale_used(list(paired(a, b).seeds), a, b)}
 
 
-def _row(claim: str, source: str, paper: float, ours: Estimate, tie: float, settled_by: str, *runs: pd.Series,
+def claim_row(claim: str, source: str, paper: float, ours: Estimate, tie: float, settled_by: str, *runs: pd.Series,
          cell: str = "", cell_class: str = "paper protocol", kind: Optional[str] = None, side: int = 1,
          not_counted: str = "") -> Dict[str, Any]:
     """One claim row: the paper's number, ours (``ours``: a ``stats.paired`` estimate) with its interval, the
@@ -154,7 +154,7 @@ def _grad_cell_claims(results_dir: Path | str, cell: str, lr: Optional[float], s
     where = f"{_cell_label(cell, lr)}, {setting.upper()}"
     klass = cell_class(cell, lr, seeds, results_dir)
     at = {"cell": _cell_label(cell, lr), "cell_class": klass}
-    rows = [_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
+    rows = [claim_row(f"Local(grad) below Local(bn), {setting.upper()}", "FedTSA Table 1",
                  paper[("Local", setting, "grad")] - paper[("Local", setting, "bn")], paired(local, local_bn), tie,
                  where, local, local_bn, **at,
                  not_counted="decided by the step-size rule" if klass == "rule-chosen (pre-registered)" else "")]
@@ -162,18 +162,18 @@ def _grad_cell_claims(results_dir: Path | str, cell: str, lr: Optional[float], s
     for s, theirs in runs.items():
         label = METHOD_LABELS[s]
         ours = paired(theirs, local)
-        rows.append({**_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
+        rows.append({**claim_row(f"{label} above Local under TTA-grad, {setting.upper()}", "FedTSA Table 1",
                             _grad_difference(paper, label, "Local", setting), ours, tie, where,
                             theirs, local, **at), "method": label, "setting": setting})
         if s == "fedavg":
-            rows.append(_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
+            rows.append(claim_row(f"FedAvg - Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
                              _grad_difference(fedctta, label, "Local", setting), ours,
                              tie, where, theirs, local, **at))
     if best:
         others = [s for s in strategies if s != "fedtsa"]
         rival = _best_of([runs[s] for s in others])
         theirs = max(paper[(METHOD_LABELS[s], setting, "grad")] for s in others)
-        rows.append(_row(f"FedTSA best under TTA-grad, {setting.upper()} (minus the best other strategy)",
+        rows.append(claim_row(f"FedTSA best under TTA-grad, {setting.upper()} (minus the best other strategy)",
                          "FedTSA Table 1", paper[("FedTSA", setting, "grad")] - theirs,
                          paired(runs["fedtsa"], rival), tie, where, runs["fedtsa"], *runs.values(), **at))
     return rows
@@ -319,17 +319,17 @@ def fedctta_claims(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN,
         ours = accuracies(results_dir, "bn", "niid", variant)
         parts = [accuracies(results_dir, "bn", "niid", (s, {})) for s in others]
         best = _best_of(parts)
-        rows.append(_row("FedCTTA best under TTA-bn, NIID (minus the best of Local/FedAvg/FedAvgM/FedTSA)",
+        rows.append(claim_row("FedCTTA best under TTA-bn, NIID (minus the best of Local/FedAvg/FedAvgM/FedTSA)",
                          "FedCTTA Table I", paper[("FedCTTA", "niid", "bn")] - best_other_paper,
                          paired(ours, best), tie, f"{label}, TTA-bn, NIID", ours, *parts, cell=f"{label}, TTA-bn"))
         iid, fedavg = accuracies(results_dir, "bn", "iid", variant), accuracies(results_dir, "bn", "iid", ("fedavg", {}))
-        rows.append(_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
+        rows.append(claim_row("FedCTTA not below FedAvg under TTA-bn, IID", "FedCTTA Table I",
                          paper[("FedCTTA", "iid", "bn")] - paper[("FedAvg", "iid", "bn")],
                          paired(iid, fedavg), tie, f"{label}, TTA-bn, IID", iid, fedavg, cell=f"{label}, TTA-bn"))
         for cell, setting, lr in FEDCTTA_GRAD_CELLS[label]:
             grad, local = (accuracies(results_dir, cell, setting, variant, lr=lr),
                            accuracies(results_dir, cell, setting, ("local", {}), lr=lr))
-            rows.append(_row(f"FedCTTA above Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
+            rows.append(claim_row(f"FedCTTA above Local under TTA-grad, {setting.upper()}", "FedCTTA Table I",
                              _grad_difference(paper, "FedCTTA", "Local", setting),
                              paired(grad, local), tie, f"{label}, {_cell_label(cell, lr)}, {setting.upper()}", grad,
                              local, cell=f"{label}, {_cell_label(cell, lr)}",
@@ -346,7 +346,7 @@ def fedavgm_claims(results_dir: Path | str = RESULTS_DIR, tie: float = MARGIN) -
         fedavg = accuracies(results_dir, "bn", setting, ("fedavg", {}))
         for label, variant in FEDAVGM_VARIANTS.items():
             ours = accuracies(results_dir, "bn", setting, variant)
-            rows.append(_row(f"FedAvgM equal to FedAvg under TTA-bn, {setting.upper()}", "FedCTTA Table I",
+            rows.append(claim_row(f"FedAvgM equal to FedAvg under TTA-bn, {setting.upper()}", "FedCTTA Table I",
                              paper[("FedAvgM", setting, "bn")] - paper[("FedAvg", setting, "bn")],
                              paired(ours, fedavg), tie, f"{label}, TTA-bn, {setting.upper()}", ours, fedavg,
                              cell=f"{label}, TTA-bn"))
@@ -627,7 +627,7 @@ def over_local_claims(values: pd.DataFrame, column: str, method: str, reading: s
         local = accuracies(results_dir, cell, setting, ("local", {}), lr=lr)
         ours = g.set_index("seed")[column]
         ours.attrs["stale"] = sorted(g.loc[g["code"] == "stale", "seed"]) if "code" in g else []
-        rows.append({**_row(f"{method} above Local under TTA-grad, {setting.upper()} ({reading})", "FedTSA Table 1",
+        rows.append({**claim_row(f"{method} above Local under TTA-grad, {setting.upper()} ({reading})", "FedTSA Table 1",
                             _grad_difference(paper, method, "Local", setting), paired(ours, local), tie,
                             f"{_cell_label(cell, lr)}, {setting.upper()}, {reading}", ours, local,
                             cell=_cell_label(cell, lr), cell_class=cell_class(cell, lr, SEEDS, results_dir)),

@@ -9,7 +9,9 @@ the same paths (one machine, NFS, or a cluster file system); nothing is sent bac
 - resumable: a job whose runs are all stored is not submitted (re-run the command after an interruption);
 - one CPU per task (``num_cpus=threads``, 1 unless ``--threads`` says more) and torch threads set to match;
 - a failing job (an exception, a worker that died) is reported as one JSON line with ``error`` and does not stop the
-  others; it is not retried (re-running the command runs it again);
+  others; a job whose worker died is retried by Ray up to ``retries`` times (``--retries``, default 1: the task's
+  ``max_retries``; an exception the job raised is not retried, as in local workers); re-running the command runs a
+  failed job again;
 - the workers get this checkout first on ``PYTHONPATH`` and every ``FTTA_*`` variable of the driver but
   ``FTTA_PLAN`` (plugins, data root, partial-run folder...) through the task's ``runtime_env``.
 
@@ -67,17 +69,19 @@ def _ray_job(job: PlannedJob, deadline: Optional[float], threads: int) -> Dict[s
 
 def run_plan_ray(jobs: Sequence[PlannedJob], address: str = "auto", deadline_s: Optional[float] = None,
                  threads: Optional[int] = None, log: Callable[[str], Any] = print,
-                 workers: Optional[int] = None, gpus: float = 0.0) -> List[Dict[str, Any]]:
+                 workers: Optional[int] = None, gpus: float = 0.0, retries: int = 1) -> List[Dict[str, Any]]:
     """Run ``jobs`` (in order of priority) as Ray tasks on the cluster at ``address``, as many at a time as it has
     free CPUs; returns one record per job like ``plan_runner.run_plan`` (``stored`` for a job found already stored).
     ``workers`` is accepted for ``run_plan``'s signature and unused: the cluster's CPUs set the concurrency. A job
     not started within ``deadline_s`` seconds is skipped. ``gpus``: GPUs per job (a fraction shares one GPU); Ray
-    hides the GPUs from a task that asks for none, so jobs on ``cuda`` need it. Connects with ``ray.init`` unless
-    already connected."""
+    hides the GPUs from a task that asks for none, so jobs on ``cuda`` need it. ``retries``: times Ray runs again a
+    job whose worker process died (``max_retries``). Connects with ``ray.init`` unless already connected."""
     import json
 
     import ray
 
+    if retries < 0:
+        raise ValueError(f"retries must be >= 0, got {retries}")
     os.environ.pop(PLAN_ENV, None)
     threads = threads or 1
     deadline = None if deadline_s is None else time.time() + deadline_s
@@ -101,7 +105,7 @@ def run_plan_ray(jobs: Sequence[PlannedJob], address: str = "auto", deadline_s: 
         return done
     runtime_env = {"env_vars": worker_env()}
     with contextlib.ExitStack() as stack:
-        options: Dict[str, Any] = {"num_cpus": threads, "num_gpus": gpus, "max_retries": 0}
+        options: Dict[str, Any] = {"num_cpus": threads, "num_gpus": gpus, "max_retries": retries}
         if ray.is_initialized():  # the caller's connection: the environment goes with each task
             options["runtime_env"] = runtime_env
         else:  # ours: the job's environment, so the workers Ray prestarts for this driver serve the tasks
@@ -114,7 +118,7 @@ def run_plan_ray(jobs: Sequence[PlannedJob], address: str = "auto", deadline_s: 
             (ref,), pending = ray.wait(pending, num_returns=1)
             try:
                 record(ray.get(ref))
-            except Exception as err:  # the worker died or the task could not start: this job only
+            except Exception as err:  # the worker died (retries spent) or the task could not start: this job only
                 record({"job": refs[ref].describe(), "runs": 0, "seconds": 0.0, "error": _one_line(err)})
     return done
 
@@ -132,7 +136,7 @@ def add_ray_option(parser: argparse.ArgumentParser) -> None:
 
 def plan_executor(args: argparse.Namespace) -> Callable[..., List[Dict[str, Any]]]:
     """What ``run-plan`` runs its jobs with: ``run_plan_ray`` on the cluster named by ``--ray``, else local
-    workers (``plan_runner.run_plan``); both take ``(jobs, workers=, deadline_s=, threads=, log=)``."""
+    workers (``plan_runner.run_plan``); both take ``(jobs, workers=, deadline_s=, threads=, log=, retries=)``."""
     address = getattr(args, "ray", None)
     return functools.partial(run_plan_ray, address=address, gpus=args.ray_gpus) if address else run_plan
 

@@ -19,6 +19,16 @@ notebooks, and each run is small. Crash safety comes from the write order:
 3. ``summary.json`` is written last: a folder with a summary is complete, one without is resumed from its
    checkpoint, and the checkpoint is deleted only after the summary exists.
 
+**Integrity.** Every file a run stores or resumes from is checked on read against a SHA-256 digest recorded when it
+was written, in the file that commits it: the checkpoint records the digests of the ``steps.csv`` bytes and the W
+parts it vouches for, and its own payload's digest (``checkpoint_bytes``); a finished run's ``summary.json`` records
+the digests of ``steps.csv`` and ``collaboration.npz`` and of its own content (``integrity``, ``seal``), and so does
+every summary file ``store_summary`` writes. A damaged file is named in one line (``DamagedRun``): an unfinished run
+starts again from step 0 (its last intact state: a run is deterministic, so the result is the same), a finished one
+is refused (``--overwrite`` runs it again). Files written before digests existed carry none and are read unchecked.
+Writes that fail for lack of space or permission end in one line naming the folder and what was being written
+(``RunWriteError``, ``writing``): the folder stays resumable.
+
 A run folder is locked while a process writes it (``RunLock``, ``flock``): a second run into the same folder stops
 at once with one line. A folder holding a finished run of another config is never overwritten unless asked
 (``overwrite=True``, ``run --overwrite``); a finished run of the same config is read back, not run again.
@@ -46,15 +56,19 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import errno
 import hashlib
 import importlib.util
+import io
 import json
 import logging
 import os
+import socket
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set
+from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set
 
 from .codegraph import (MODULE_KEY, PACKAGE, PACKAGE_DIR, UNFOLLOWED, UNRECORDED_NAMES, definition_hashes,  # noqa: F401
                         dependencies, function_hash, module_definitions, module_hash, source_hash)
@@ -87,6 +101,42 @@ class RunInUse(RunStoreError):
     """A run folder is locked by another live process (``RunLock``)."""
 
 
+class DamagedRun(RunStoreError):
+    """A stored file of a run does not match the digest recorded for it, is missing or cannot be read; the message
+    names the file in one line."""
+
+
+class RunWriteError(RunStoreError):
+    """Writing a run failed for lack of space or permission; the message says in one line which folder, what was
+    being written and that the run is resumable."""
+
+
+# what a failed write's errno means, and what the user can do about it
+WRITE_ERRNOS: Dict[int, tuple] = {
+    errno.ENOSPC: ("the disk is full", "free some space"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free some space"),
+    errno.EFBIG: ("the file is too large for the file system", "free some space or use another --out"),
+    errno.EACCES: ("permission denied", "make the folder writable"),
+    errno.EPERM: ("operation not permitted", "make the folder writable"),
+    errno.EROFS: ("the file system is read-only", "use a writable folder"),
+}
+
+
+@contextlib.contextmanager
+def writing(folder: Path | str, what: str) -> Iterator[None]:
+    """Turn a disk-full or permission error raised inside the block into ``RunWriteError``: one line naming
+    ``folder``, ``what`` was being written and that the run is resumable (every write is atomic or covered by a
+    checkpoint, so nothing half-written is ever read back)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in WRITE_ERRNOS:
+            raise
+        reason, remedy = WRITE_ERRNOS[err.errno]
+        raise RunWriteError(f"cannot write {what} in {folder}: {reason}; the run is resumable: {remedy}, then run "
+                            "the same command again") from None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # atomic files
 
@@ -114,7 +164,10 @@ def atomic_write_text(path: Path | str, text: str) -> None:
 
 def dumps_summary(summary: Dict[str, Any], indent: int = 1) -> str:
     """``summary`` as indented JSON, except that each module's definition hashes in its code record are one line
-    (a record holds about a thousand: a readable file, a diff of one line per changed module)."""
+    (a record holds about a thousand: a readable file, a diff of one line per changed module). A summary with an
+    ``integrity`` record is sealed again (``seal``: the digest of what is written, the file digests kept)."""
+    if isinstance(summary.get(INTEGRITY), dict):
+        summary = seal(summary, summary[INTEGRITY].get("files") or {})
     code = summary.get("code")
     if not (isinstance(code, dict) and isinstance(code.get("definitions"), dict)):
         return json.dumps(summary, indent=indent, default=float)
@@ -127,9 +180,118 @@ def dumps_summary(summary: Dict[str, Any], indent: int = 1) -> str:
     return text
 
 
-def store_summary(path: Path | str, summary: Dict[str, Any]) -> None:
-    """Write one run's summary file atomically (parallel workers never leave a half-written file behind)."""
-    atomic_write_text(path, dumps_summary(summary))
+def store_summary(path: Path | str, summary: Dict[str, Any], files: Sequence[str] = ()) -> None:
+    """Write one run's summary file atomically (parallel workers never leave a half-written file behind), sealed
+    with the digest of its content and of ``files`` (names of files beside it, already written: ``seal``)."""
+    path = Path(path)
+    with writing(path.parent, f"the summary {path.name}"):
+        atomic_write_text(path, sealed_summary_text(summary, path.parent, files))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# integrity: digests of stored files, checked on read
+
+INTEGRITY = "integrity"  # a sealed summary's record: {"sha256": its content's digest, "files": {name: sha256}}
+CHECKPOINT_FORMAT = "ftta-checkpoint/2"  # a checkpoint whose payload carries its digest (``checkpoint_bytes``)
+
+
+def file_sha256(path: Path | str, size: Optional[int] = None) -> str:
+    """SHA-256 of the file at ``path`` (of its first ``size`` bytes when given)."""
+    digest, left = hashlib.sha256(), size
+    with open(path, "rb") as fh:
+        while left is None or left > 0:
+            chunk = fh.read(1 << 20 if left is None else min(1 << 20, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left = None if left is None else left - len(chunk)
+    return digest.hexdigest()
+
+
+def _content_sha256(data: Any) -> str:
+    """SHA-256 of a JSON value in a canonical form (sorted keys, no spaces): the same for every layout of the file."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=float)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def without_integrity(summary: Dict[str, Any]) -> Dict[str, Any]:
+    """``summary`` without its ``integrity`` record (what the run measured and how it was made)."""
+    return {k: v for k, v in summary.items() if k != INTEGRITY} if INTEGRITY in summary else summary
+
+
+def seal(summary: Dict[str, Any], files: Mapping[str, str]) -> Dict[str, Any]:
+    """``summary`` with an ``integrity`` record: the digest of its JSON content (``integrity`` included, but for
+    its own digest) and the digests ``files`` of the files it vouches for (names relative to its folder)."""
+    body = json.loads(json.dumps(without_integrity(summary), default=float))  # as a reader will parse it
+    record: Dict[str, Any] = {"files": dict(sorted(files.items()))} if files else {}
+    return {**summary, INTEGRITY: {"sha256": _content_sha256({**body, INTEGRITY: record}), **record}}
+
+
+def sealed_summary_text(summary: Dict[str, Any], folder: Path | str, files: Sequence[str] = (),
+                        indent: int = 1) -> str:
+    """The text of ``summary`` sealed with its own digest and those of ``files`` (names in ``folder``)."""
+    digests = {name: file_sha256(Path(folder) / name) for name in files}
+    return dumps_summary(seal(summary, digests), indent) + "\n"
+
+
+def integrity_problem(path: Path | str, data: Any) -> Optional[str]:
+    """Why the stored document ``data`` read from ``path`` fails its ``integrity`` record, in a phrase naming the
+    damaged file (its content changed since it was sealed, or a file it vouches for is missing or changed); None
+    when it agrees, or carries no record (written before digests existed)."""
+    path = Path(path)
+    if not isinstance(data, dict) or INTEGRITY not in data:
+        return None
+    record = data[INTEGRITY]
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str):
+        return f"{path} is damaged (its integrity record is malformed)"
+    rest = {k: v for k, v in record.items() if k != "sha256"}
+    if _content_sha256({**without_integrity(data), INTEGRITY: rest}) != record["sha256"]:
+        return f"{path} is damaged (its content does not match the sha256 it records)"
+    for name, digest in (rest.get("files") or {}).items():
+        target = path.parent / name
+        if not target.is_file():
+            return f"{target} is missing ({path.name} vouches for it)"
+        if file_sha256(target) != digest:
+            return f"{target} is damaged (it does not match the sha256 {path.name} records)"
+    return None
+
+
+def checkpoint_bytes(state: Dict[str, Any]) -> bytes:
+    """``state`` serialised (``torch.save``) inside a wrapper that records the payload's SHA-256, in memory: a
+    write to a full disk then fails as an ``OSError`` on the file, not inside torch's zip writer."""
+    import torch
+
+    inner = io.BytesIO()
+    torch.save(state, inner)
+    payload = inner.getvalue()
+    outer = io.BytesIO()
+    torch.save({"format": CHECKPOINT_FORMAT, "sha256": hashlib.sha256(payload).hexdigest(),
+                "payload": torch.frombuffer(bytearray(payload), dtype=torch.uint8)}, outer)
+    return outer.getvalue()
+
+
+def load_checkpoint(path: Path | str) -> Dict[str, Any]:
+    """The state saved by ``checkpoint_bytes`` at ``path``, its payload checked against its digest; a checkpoint
+    written before digests existed (a plain ``torch.save``) is read unchecked. Raises ``DamagedRun`` naming the file
+    when it is truncated, unreadable or does not match its digest."""
+    import torch
+
+    path = Path(path)
+    try:
+        outer = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 -- truncated or flipped bytes raise anything from the unpickler or zip
+        raise DamagedRun(f"{path} is damaged (unreadable: {type(err).__name__}: "
+                         f"{' '.join(str(err).split())[:120]})") from None
+    if not (isinstance(outer, dict) and outer.get("format") == CHECKPOINT_FORMAT):
+        state = outer  # written before checkpoints carried a digest
+    else:
+        payload = outer["payload"].numpy().tobytes() if hasattr(outer.get("payload"), "numpy") else b""
+        if hashlib.sha256(payload).hexdigest() != outer.get("sha256"):
+            raise DamagedRun(f"{path} is damaged (its payload does not match the sha256 it records)")
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+    if not isinstance(state, dict) or not {"config", "engine", "next_step"} <= set(state):
+        raise DamagedRun(f"{path} is damaged (it holds no run state)")
+    return state
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -146,8 +308,9 @@ class RunLock:
     def __enter__(self) -> "RunLock":
         import fcntl
 
-        self.folder.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.folder / ".lock", "a+")
+        with writing(self.folder, "the lock file .lock"):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.folder / ".lock", "a+")
         try:
             fcntl.flock(self._fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -291,12 +454,17 @@ _WARNED: Set[str] = set()
 
 
 def read_summary(path: Path | str) -> Dict[str, Any]:
-    """A stored summary; a stale one is reported once per process with the modules that changed."""
+    """A stored summary, checked against its ``integrity`` record when it has one (``DamagedRun`` names a damaged
+    file) and returned without it; a stale one is reported once per process with the modules that changed."""
     path = Path(path)
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise RunStoreError(f"stored run {path} cannot be read ({err}); delete it to run it again") from None
+    problem = integrity_problem(path, summary)
+    if problem:
+        raise DamagedRun(f"stored run {problem}; delete it to run it again")
+    summary = without_integrity(summary)
     changed = stale_modules(summary.get("code"))
     if changed and str(path) not in _WARNED:
         _WARNED.add(str(path))
@@ -317,12 +485,63 @@ def usable(path: Optional[Path]) -> Optional[Path]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# heartbeats: is the process writing a record still alive?
+
+HEARTBEAT_STALE = 4  # a record whose last heartbeat is older than this many intervals: its writer died or hangs
+
+
+def heartbeat(interval_s: float) -> Dict[str, Any]:
+    """What a process writing a live record says about itself: when (epoch seconds and UTC), its process id, host
+    and start time (a reused process id is not taken for it), and how often it beats."""
+    now = time.time()
+    return {"time": round(now, 3), "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "pid": os.getpid(),
+            "host": socket.gethostname(), "process_started": _process_started(os.getpid()),
+            "interval_s": float(interval_s)}
+
+
+def _process_started(pid: int) -> Optional[float]:
+    """When process ``pid`` started (clock ticks after boot, from ``/proc``; 0.0 where that cannot be read), or
+    None when no such process is alive (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        pass
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else float(fields[19])
+    return 0.0
+
+
+def heartbeat_status(beat: Any, now: Optional[float] = None) -> str:
+    """'running' while the process that wrote heartbeat ``beat`` (``heartbeat``) is alive and beating, else
+    'interrupted': on this host, its process is gone (or its id now belongs to another process); on any host, its
+    last beat is older than ``HEARTBEAT_STALE`` intervals (it died on another machine, or hangs, e.g. on a server
+    that no longer answers)."""
+    if not isinstance(beat, dict):
+        return "interrupted"
+    now = time.time() if now is None else now
+    if beat.get("host") == socket.gethostname() and isinstance(beat.get("pid"), int):
+        started = _process_started(beat["pid"])
+        recorded = beat.get("process_started")
+        if started is None or (recorded and started and started != recorded):
+            return "interrupted"
+    try:
+        age, interval = now - float(beat["time"]), float(beat.get("interval_s") or 30.0)
+    except (KeyError, TypeError, ValueError):
+        return "interrupted"
+    return "interrupted" if age > HEARTBEAT_STALE * interval else "running"
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # every stored run under a folder
 
 @dataclass(frozen=True)
 class StoredEntry:
     """One stored run found by ``scan``: where, which layout, its config (None for studies with their own
-    records), and its status (``run_status``, or 'unfinished' / 'unreadable')."""
+    records), and its status (``run_status``, or 'unfinished' / 'unreadable' / 'damaged': a file fails its digest;
+    a record with a heartbeat still 'running': 'running' or 'interrupted', ``heartbeat_status``)."""
 
     path: Path
     layout: str  # "summary-file", "run-folder" or "record" (a study's own JSON record, e.g. FedICON's)
@@ -356,7 +575,11 @@ def _entry(path: Path, layout: Optional[str], where: Path) -> StoredEntry:
         return StoredEntry(where, layout or "record", None, "unreadable")
     config = data.get("config") if isinstance(data.get("config"), dict) else None
     kind = layout or ("summary-file" if config is not None and "accuracy" in data else "record")
-    return StoredEntry(where, kind, config, run_status(data))
+    if integrity_problem(path, data):
+        return StoredEntry(where, kind, config, "damaged")
+    if data.get("status") == "running" and "heartbeat" in data:  # a live record (a Flower run's)
+        return StoredEntry(where, kind, config, heartbeat_status(data["heartbeat"]))
+    return StoredEntry(where, kind, config, run_status(without_integrity(data)))
 
 
 def scan_table(roots: Sequence[Path | str]):

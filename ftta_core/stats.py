@@ -9,7 +9,8 @@ rule was written down before the runs it is applied to (docs/statistics.md gives
    freedom). Not a bootstrap: with the 3-5 seeds a protocol run affords, a percentile bootstrap has at most 126
    distinct resamples and covers well under 95 % (0.84 at n = 5 and 0.76 at n = 3 for normal data, where t covers
    0.95: ``benchmarks/results/interval_coverage.md``), while the t interval is exact for normal differences; each
-   difference is a mean over thousands of predictions, which makes normality a mild assumption. The interval says how far the mean could be from the value more seeds would give.
+   difference is a mean over thousands of predictions, which makes normality a mild assumption. The interval says
+   how far the mean could be from the value more seeds would give.
 3. **Too few seeds.** Under ``MIN_SEEDS`` (3) paired seeds the verdict is "undetermined", never "holds".
 4. **Margin.** ``MARGIN`` (0.5 points of accuracy) is stated once: the equivalence margin of a "tie" claim and the
    tolerance on a stated size. It is the tie band the workbook used before this rule; it was not chosen on any of
@@ -29,8 +30,9 @@ rule was written down before the runs it is applied to (docs/statistics.md gives
    - "no run" when no seed has both.
 6. **What is counted.** A row whose two sides are the same computation (equal at every seed within
    ``IDENTICAL_TOLERANCE``, e.g. FedAvgM with momentum on parameters under TTA-bn, where the shared tensors are BN
-   statistics) holds *by construction* and is not counted as a reproduction (``identical``). Rows are counted per cell class (``CELL_CLASSES``): a cell chosen
-   after seeing results is "post hoc" and its verdicts are counted apart from the protocol cells. When two papers
+   statistics) holds *by construction* and is not counted as a reproduction (``identical``). Rows are counted per
+   cell class (``CELL_CLASSES``): a cell chosen after seeing results is "post hoc" and its verdicts are counted
+   apart from the protocol cells. When two papers
    give different numbers for one quantity, one row per paper.
 7. **Chance.** A comparison against a baseline within ``CHANCE_FACTOR`` (2) times chance accuracy carries a caveat
    (``near_chance``): a lead over a model that learned almost nothing is not a comparison of trained models.
@@ -272,6 +274,7 @@ def count_by_class(table: pd.DataFrame) -> pd.DataFrame:
     return out.reindex(index=classes, columns=cols).fillna(0).astype(int)
 
 
-__all__ = ["CONFIDENCE", "MIN_SEEDS", "MARGIN", "CHANCE_FACTOR", "IDENTICAL_TOLERANCE", "VERDICTS", "CELL_CLASSES", "Estimate", "estimate",
-           "paired", "verdict", "compare", "comparison", "comparison_phrase", "former_verdict", "claim_kind",
+__all__ = ["CONFIDENCE", "MIN_SEEDS", "MARGIN", "CHANCE_FACTOR", "IDENTICAL_TOLERANCE", "VERDICTS", "CELL_CLASSES",
+           "Estimate", "estimate", "paired", "verdict", "compare", "comparison", "comparison_phrase", "former_verdict",
+           "claim_kind",
            "t_half_width", "near_chance", "chance_caveat", "mean_table", "paired_table", "count_by_class"]

@@ -184,15 +184,10 @@ if not rates.empty:
 
 # %%
 from ftta_core import fidelity
-from ftta_core.fedtsa.ft_forward import ft_forward_table
-from ftta_core.pfedbbn import temperature
+from ftta_core.results_summary import workbook_claims
 
-pfedbbn_rows = [] if smoke else temperature.stored_claims("../figures/pfedbbn/runs/temperature",
-                                                          "../figures/pfedbbn/runs")
-# FedAvg+FT as the reference code reports it (notebook 10 reads it beside ours)
-ft_rows = fidelity.ft_reference_claims(ft_forward_table(table1_runs, Path(table1_runs).parent / "ft_forward",
-                                                        lr=fidelity.DRIFT_STEP[1]), table1_runs)
-claims = fidelity.claims_table(table1_runs, extra=pfedbbn_rows + ft_rows)
+# the same table the README's generated results block counts (FedAvg+FT also as the reference code reports it)
+claims = workbook_claims(table1_runs, pfedbbn=not smoke)
 display(tables.show(fidelity.claims_counts(claims), best=None))
 display(tables.show(claims.set_index(["cell class", "source", "claim", "settled by"])[fidelity.CLAIM_COLUMNS],
                     best=None))

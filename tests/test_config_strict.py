@@ -311,6 +311,56 @@ def test_method_parameters_are_finite_numbers_naming_the_parameter(params, messa
         ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", local="tent", local_params=params)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("clients", 0, "config field 'clients': must be a positive integer, got 0"),
+    ("batch_size", -1, "config field 'batch_size': must be a positive integer, got -1"),
+    ("images_per_client", 0, "config field 'images_per_client': must be a positive integer, got 0"),
+    ("severity", 6, "config field 'severity': must be one of (1, 2, 3, 4, 5), got 6"),
+    ("severity", 0, "config field 'severity': must be one of (1, 2, 3, 4, 5), got 0"),
+    ("participation", 0.0, "config field 'participation': must be in (0, 1]"),
+    ("participation", 1.5, "config field 'participation': must be in (0, 1]"),
+    ("sh", 0.0, "config field 'sh': must be in (0, 1], got 0.0"),
+    ("th", 2.0, "config field 'th': must be in (0, 1], got 2.0"),
+    ("n_steps", 0, "config field 'n_steps': must be a positive integer or None, got 0"),
+    ("slot_steps", -3, "config field 'slot_steps': must be a positive integer or None, got -3"),
+    ("max_steps", 0, "config field 'max_steps': must be a positive integer or None, got 0"),
+    ("label_alpha", 0.0, "config field 'label_alpha': must be positive or None (IID), got 0.0"),
+    ("seed", -1, "config field 'seed': must be an integer >= 0, got -1"),
+])
+def test_every_numeric_field_is_range_checked_naming_the_field_and_the_value(field, value, message):
+    with pytest.raises(ValueError, match=re_escape(message)):
+        ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", **{field: value})
+
+
+@pytest.mark.parametrize("local, strategy, params, message", [
+    ("tent", "fedavg", {"lr": 0}, "local_params for 'tent': optimizer.lr must be positive, got 0"),
+    ("tent", "fedavg", {"lr": -1e-3}, "local_params for 'tent': optimizer.lr must be positive, got -0.001"),
+    ("tent", "fedavg", {"momentum": 1.5}, "local_params['momentum'] for 'tent': must be in [0, 1], got 1.5"),
+    ("tent", "fedavg", {"weight_decay": -1.0}, "local_params['weight_decay'] for 'tent': must be >= 0, got -1.0"),
+    ("eata", "fedavg", {"fisher_samples": 0}, "local_params for 'eata': fisher_samples and fisher_batch must be >= 1"),
+    ("pl", "fedavg", {"bn_momentum": 1.5}, "local_params['bn_momentum'] for 'pl': must be in [0, 1], got 1.5"),
+    ("bn", "fedtsa", {"lr": -1.0}, "strategy_params for 'fedtsa': lr must be positive, got -1.0"),
+    ("bn", "fedtsa", {"window": 2.5}, "strategy_params['window'] for 'fedtsa': must be an integer >= 1, got 2.5"),
+    ("bn", "fedamp", {"temperature": -2.0}, "strategy_params for 'fedamp': temperature must be positive, got -2.0"),
+    ("rotta", "fedavg", {"seed": -1}, "local_params['seed'] for 'rotta': must be an integer >= 0, got -1"),
+    ("bn", "fedctta", {"seed": 1.5}, "strategy_params['seed'] for 'fedctta': must be an integer >= 0, got 1.5"),
+    ("bn", "moon", {"tau": 0.0}, "strategy_params for 'moon': tau must be positive, got 0.0"),
+])
+def test_method_parameters_are_range_checked_naming_the_parameter_and_the_value(local, strategy, params, message):
+    """By the method itself, or, for parameters with one meaning in every method (``experiment.PARAM_RANGES``),
+    by the config before the method is built."""
+    key = "local_params" if message.startswith("local") else "strategy_params"
+    with pytest.raises(ValueError, match=re_escape(message)):
+        ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", local=local, strategy=strategy,
+                         **{key: params})
+
+
+def test_a_method_parameter_out_of_range_is_one_line_on_the_command_line(tmp_path, capsys):
+    assert main(["run", "--local", "tent", "--local-param", "momentum=2", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "local_params['momentum'] for 'tent': must be in [0, 1], got 2" in err[0], err
+
+
 def test_a_yaml_key_given_twice_is_refused_naming_it(tmp_path, capsys):
     path = tmp_path / "dup.yaml"
     path.write_text("dataset: embedded_digits\nscenario: heterogeneity\nclients: 2\nclients: 3\n")

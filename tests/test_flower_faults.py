@@ -90,10 +90,12 @@ def test_killed_supernode_run_continues_with_min_clients(tmp_path):
     assert record["status"] == "finished", record["status"]
     assert record["flower_status"].get("status") == "finished:completed", record["flower_status"]
     assert record["steps_done"] == steps and len(record["correct"]) == steps
-    s = _first_absent(record, kill)  # the first step the dead client did not upload
+    died = _first_absent(record, kill)  # the step it died in: its upload counted in W, its prediction never came
+    s = died + 1  # the first step the dead client did not upload
     assert record["killed_at"] <= s < steps, (record["killed_at"], s)
+    assert "its prediction never came" in record["reasons"][died][str(kill)], record["reasons"]
     absent = np.array(record["absent"])
-    assert absent[s:, kill].all() and not absent[:s].any() and not absent[:, :kill].any()
+    assert absent[died:, kill].all() and not absent[:died].any() and not absent[:, :kill].any()
     assert all(record["correct"][t][kill] is None for t in range(s - 1, steps))  # no prediction after the kill
     assert not np.array(record["rejected"]).any()
     assert all("offline" in record["reasons"][t][str(kill)] for t in range(s, steps)), record["reasons"]
@@ -222,9 +224,12 @@ def test_one_malformed_upload_is_rejected_others_unaffected(kind, one_thread):
     assert record["status"] == "finished" and record["steps_done"] == steps
     first = 1 if kind == "raises" else 0  # the first step with the fault
     flag, other = ("absent", "rejected") if kind == "raises" else ("rejected", "absent")
-    assert [row[bad] for row in record[flag]] == [t >= first for t in range(steps)], record[flag]
-    assert sum(map(sum, record[flag])) == steps - first and not np.array(record[other]).any()
-    reasons = [record["reasons"][t][str(bad)] for t in range(first, steps)]
+    # a ClientApp that raises from step 1 on dies in step 0 too: it uploaded, its prediction never came (absent,
+    # its upload counted in W)
+    marked = first - 1 if kind == "raises" else first
+    assert [row[bad] for row in record[flag]] == [t >= marked for t in range(steps)], record[flag]
+    assert sum(map(sum, record[flag])) == steps - marked and not np.array(record[other]).any()
+    reasons = [record["reasons"][t][str(bad)] for t in range(marked, steps)]
     expected = {"shape": "shape", "dtype": "dtype", "missing": "missing upload", "extra": "unexpected upload",
                 "x1e30": "RMS", "nan": "NaN", "size": "samples", "raises": "the ClientApp crashed"}[kind]
     assert all(expected in r for r in reasons), reasons
@@ -269,6 +274,7 @@ def test_inprocess_node_lost_below_min_clients_stops_with_record(tmp_path, one_t
     assert record["status"].startswith("stopped: step 2: 2 of 3 clients answered") and record["steps_done"] == 2
     assert "client 1: its SuperNode went offline" in record["status"]
     assert record["correct"][1][1] is None and None not in record["correct"][0]
+    assert [row[1] for row in record["absent"]] == [False, True]  # died at step 1: absent at the step it died
 
 
 def test_inprocess_restarted_node_rejoins_its_slot(one_thread):
@@ -282,7 +288,9 @@ def test_inprocess_restarted_node_rejoins_its_slot(one_thread):
                   [{"client": i} for i in range(3)], grid_class=Rejoin)
     record = run.record
     assert record["status"] == "finished" and record["steps_done"] == 6
-    assert [row[1] for row in record["absent"]] == [False, False, True, True, False, False]
+    # step 1: it uploaded, then died before its prediction came back (absent, its upload in W); 2-3: gone
+    assert [row[1] for row in record["absent"]] == [False, True, True, True, False, False]
+    assert "its prediction never came (its SuperNode went offline)" in record["reasons"][1]["1"]
     assert [e["event"] for e in record["events"]] == ["client rejoined"]
     assert record["events"][0]["client"] == 1 and record["events"][0]["step"] == 4
     assert record["correct"][1][1] is None and record["correct"][4][1] is not None  # predicts again after rejoining
@@ -291,3 +299,105 @@ def test_inprocess_restarted_node_rejoins_its_slot(one_thread):
     # before the loss, the uninterrupted run
     w_ref, correct_ref, _ = engine_reference(cfg, stream, 6)
     np.testing.assert_array_equal(_as_array(record["correct"][:1]), correct_ref[:1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the server's heartbeat: a dead server's record is interrupted, not running
+
+SLOW_SERVER = """
+import sys
+import time
+
+from ftta_core.experiment import ExperimentConfig
+from ftta_core.flower import engine_app
+
+reply = engine_app.client_reply
+
+
+def slow_reply(client, msg):  # a step takes a while, as on real clients
+    time.sleep(0.2)
+    return reply(client, msg)
+
+
+engine_app.client_reply = slow_reply
+cfg = ExperimentConfig(dataset="embedded_digits", clients=2, local="bn", strategy="fedavg", backend="loop",
+                       device="cpu", max_steps=300, seed=0)
+engine_app.run_engine_on_flower(cfg, out=sys.argv[1])
+"""
+
+
+def test_a_killed_server_process_leaves_a_record_runs_reports_interrupted(tmp_path, capsys):
+    """A real process runs the ServerApp (clients in process) and is SIGKILLed after one recorded step: its record
+    still says ``running`` (nothing could write more), but its heartbeat names a dead process, so ``runs`` reports
+    it interrupted; while it lived, running."""
+    import signal
+    import subprocess
+    import sys
+
+    from ftta_core.cli import main
+    from ftta_core.runstore import scan
+
+    out = tmp_path / "flower" / "record.json"
+    out.parent.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER, str(out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while (read_record(out) or {}).get("steps_done", 0) < 1 and proc.poll() is None:
+            assert time.monotonic() < deadline, "no step recorded in 180 s"
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        beat = read_record(out)["heartbeat"]
+        assert beat["pid"] == proc.pid and beat["host"] and beat["interval_s"] == 30.0
+        assert [e.status for e in scan(tmp_path)] == ["running"]
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    record = read_record(out)
+    assert record["status"] == "running" and record["steps_done"] >= 1
+    assert [e.status for e in scan(tmp_path)] == ["interrupted"]
+    assert main(["runs", str(tmp_path), "--list", "interrupted"]) == 0
+    shown = capsys.readouterr().out
+    assert "interrupted" in shown and str(out) in shown
+
+
+def test_heartbeat_status_tells_a_dead_or_silent_server_from_a_live_one():
+    import socket
+    import subprocess
+    import sys
+
+    from ftta_core.runstore import HEARTBEAT_STALE, heartbeat, heartbeat_status
+
+    beat = heartbeat(30.0)
+    assert heartbeat_status(beat) == "running"
+    assert heartbeat_status(beat, now=beat["time"] + HEARTBEAT_STALE * 30 + 1) == "interrupted"  # hung: silent
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert heartbeat_status({**beat, "pid": int(gone.stdout)}) == "interrupted"  # its process is gone
+    elsewhere = {**beat, "host": socket.gethostname() + "-other", "pid": 1}
+    assert heartbeat_status(elsewhere) == "running"  # another machine: only its age tells
+    assert heartbeat_status({**elsewhere, "time": beat["time"] - 1000}) == "interrupted"
+
+
+def test_a_restarted_server_never_replaces_a_live_record_and_notes_a_dead_one(tmp_path, one_thread):
+    import json
+
+    from ftta_core.runstore import heartbeat
+
+    cfg = _cfg(2, 2)
+    stream = build_stream(cfg, "cpu")
+    out = tmp_path / "record.json"
+    live = {"status": "running", "steps_done": 1, "heartbeat": heartbeat(30.0)}  # this process: alive
+    out.write_text(json.dumps(live))
+    with pytest.raises(StopRun, match="whose ServerApp is alive"):
+        run_inprocess(engine_server_app(cfg, 2, FlowerRun(), timeout=30.0, out=str(out)),
+                      engine_client_app(cfg, stream), [{"client": i} for i in range(2)])
+    assert json.loads(out.read_text()) == live  # untouched
+    dead = {**live, "heartbeat": {**live["heartbeat"], "host": "elsewhere", "time": 0.0, "utc": "1970-01-01"}}
+    out.write_text(json.dumps(dead))
+    run = FlowerRun()
+    run_inprocess(engine_server_app(cfg, 2, run, timeout=30.0, out=str(out)), engine_client_app(cfg, stream),
+                  [{"client": i} for i in range(2)])
+    record = json.loads(out.read_text())
+    assert record["status"] == "finished" and record["steps_done"] == 2
+    assert record["events"][0] == {"step": 0, "event": "replaced a former record", "status": "interrupted",
+                                   "steps_done": 1, "last_written": "1970-01-01"}

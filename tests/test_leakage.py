@@ -51,6 +51,7 @@ def test_stored_leakage_table_is_read_back_until_its_code_changes(tmp_path, monk
     import json
 
     from ftta_core import leakage
+    from ftta_core.runstore import dumps_summary
 
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
     cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, batch_size=10,
@@ -63,7 +64,7 @@ def test_stored_leakage_table_is_read_back_until_its_code_changes(tmp_path, monk
     pd.testing.assert_frame_equal(leakage.stored_leakage_table(cfg, 6, tmp_path), first, check_dtype=False)
     stored = json.loads(path.read_text())
     stored["code"]["units"]["leakage"] = 0  # as if the leakage unit's version had been bumped since
-    path.write_text(json.dumps(stored))
+    path.write_text(dumps_summary(stored))  # sealed again (``store_summary`` seals): stale, not damaged
     with pytest.raises(pytest.fail.Exception, match="recomputed"):  # stale: computed again
         leakage.stored_leakage_table(cfg, 6, tmp_path)
     assert len(calls) == 1

@@ -120,3 +120,71 @@ def test_several_plans_are_one_queue_in_the_order_given_each_job_once(tmp_path, 
     assert capsys.readouterr().out.strip().splitlines()[-1] == "3 run(s) pending in 3 jobs"
     with pytest.raises(SystemExit, match="missing.jsonl"):
         main(["run-plan", str(first), str(tmp_path / "missing.jsonl")])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# workers that die
+
+DYING_PLUGIN = '''import os
+import signal
+from pathlib import Path
+
+from ftta_core import register_strategy
+from ftta_core.strategies import FedAvg
+
+MARK = Path({mark!r})
+
+
+@register_strategy("dies_once")
+class DiesOnce(FedAvg):
+    """FedAvg whose worker is SIGKILLed at its first server step, the first time only (a marker file remembers)."""
+
+    def collaboration(self, inputs):
+        if not MARK.exists():
+            MARK.write_text("died")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().collaboration(inputs)
+
+
+@register_strategy("dies_always")
+class DiesAlways(FedAvg):
+    """FedAvg whose worker ends with os._exit(3) at its first server step, every time."""
+
+    def collaboration(self, inputs):
+        os._exit(3)
+'''
+
+
+def test_a_job_whose_worker_dies_is_retried_and_the_other_jobs_go_on(tmp_path):
+    """Real worker processes: a job whose worker is SIGKILLed once is run again in a new worker and stored; a job
+    whose worker dies every time is reported failed after ``--retries 1`` (2 attempts); the other job is stored; the
+    command lists the failed job last and exits 1."""
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "dying.py"
+    plugin.write_text(DYING_PLUGIN.format(mark=str(tmp_path / "died-once")))
+    results = tmp_path / "r"
+    plan = tmp_path / "plan.jsonl"
+    strategies = ["dies_once", "dies_always", "fedavg"]
+    plan.write_text("".join(json.dumps({"config": dict(BASE.to_dict(), strategy=s), "results_dir": str(results)})
+                            + "\n" for s in strategies))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FTTA_PARTIAL_DIR": str(tmp_path / "partial")}
+    done = subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", "2", "--threads",
+                           "1", "--retries", "1", "--plugin", str(plugin)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    retries = [r for r in records if "retry" in r]
+    final = {r["job"]: r for r in records if "retry" not in r}
+    assert sorted(r["job"].split("/")[2] for r in retries) == ["dies_always", "dies_once"], retries
+    assert all("killed by SIGKILL" in r["reason"] or "exit status 3" in r["reason"] for r in retries), retries
+    once, always, plain = (final[f"bn/fedtsa_niid/{s}/seed0"] for s in strategies)
+    assert once["runs"] == 1 and once["attempts"] == 2 and "error" not in once, once
+    assert always["attempts"] == 2 and "exit status 3" in always["error"], always
+    assert plain["runs"] == 1 and "error" not in plain, plain
+    stored = sorted(json.loads(p.read_text())["config"]["strategy"] for p in results.glob("*.json"))
+    assert stored == ["dies_once", "fedavg"]  # the retried job and the plain one
+    assert "1 finished after a retry; 0 left to another process running them; 1 failed" in lines[-2]
+    assert lines[-1] == f"failed: bn/fedtsa_niid/dies_always/seed0: {always['error']}"

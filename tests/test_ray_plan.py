@@ -12,12 +12,29 @@ from ftta_core.plan import read_plan
 from ftta_core.plan_runner import run_plan
 from ftta_core.plugins import PLUGINS_ENV
 from ftta_core.ray_plan import RAY_BIN, LocalCluster, add_ray_option, plan_executor, run_plan_ray, worker_env
+from ftta_core.runstore import read_summary
 
 BASE = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=5,
                         images_per_client=10, corruptions=["fog", "contrast", "frost", "glass_blur"], local="bn",
                         device="cpu", max_steps=3)
 PLUGIN = ("from ftta_core import register_strategy\nfrom ftta_core.strategies import FedAvg\n"
           "register_strategy('ray_test_avg', type('RayTestAvg', (FedAvg,), {}))\n")
+# a strategy whose worker is SIGKILLed at its first server step, the first time only (the marker file remembers)
+DIES_ONCE = """
+import os, signal
+from pathlib import Path
+
+
+class RayDiesOnce(FedAvg):
+    def collaboration(self, inputs):
+        if not Path({mark!r}).exists():
+            Path({mark!r}).write_text("died")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().collaboration(inputs)
+
+
+register_strategy("ray_dies_once", RayDiesOnce)
+"""
 
 
 def _write_plan(path, results):
@@ -30,10 +47,11 @@ def _write_plan(path, results):
 
 
 def _summaries(folder):
-    """Each stored summary by file name, without its wall time (the only field that may differ between runs)."""
+    """Each stored summary by file name, without its wall time (the only field that may differ between runs) and
+    the digest that seals it (of the wall time too)."""
     out = {}
     for f in sorted(folder.glob("*.json")):
-        summary = json.loads(f.read_text())
+        summary = read_summary(f)  # checked against its digest
         summary.pop("wall_time_s", None)
         out[f.name] = summary
     return out
@@ -62,9 +80,12 @@ def test_a_plan_on_a_two_node_ray_cluster_stores_what_local_workers_store(tmp_pa
     from ftta_core.cli import main
 
     plugin = tmp_path / "ray_test_plugin.py"
-    plugin.write_text(PLUGIN)
+    plugin.write_text(PLUGIN + DIES_ONCE.format(mark=str(tmp_path / "died-once")))
     monkeypatch.setenv(PLUGINS_ENV, str(plugin))
     jobs = _write_plan(tmp_path / "ray.jsonl", tmp_path / "ray")
+    with open(tmp_path / "ray.jsonl", "a") as fh:  # on Ray only: its worker dies once, Ray runs it again
+        fh.write(json.dumps({"config": dict(BASE.to_dict(), strategy="ray_dies_once"),
+                             "results_dir": str(tmp_path / "ray")}) + "\n")
     lines = []
     with ThreadPoolExecutor(1) as pool:  # the local reference (one thread, as a Ray task) while the nodes start
         local = pool.submit(run_plan, _write_plan(tmp_path / "local.jsonl", tmp_path / "local"), threads=1,
@@ -78,12 +99,13 @@ def test_a_plan_on_a_two_node_ray_cluster_stores_what_local_workers_store(tmp_pa
     assert code == 1  # the broken job fails the command, after the others ran
 
     by_job = {d["job"]: d for d in done}
-    assert len(lines) == 3 and all("\n" not in line for line in lines)
+    assert len(lines) == 4 and all("\n" not in line for line in lines)
     assert by_job["bn/fedtsa_niid/local+fedavg/seed0"]["runs"] == 2
     assert by_job["bn/fedtsa_niid/ray_test_avg/seed0"]["runs"] == 1  # the plugin reached the Ray workers
     assert "no_such_strategy" in by_job["bn/fedtsa_niid/no_such_strategy/seed0"]["error"]
+    assert (tmp_path / "died-once").exists() and by_job["bn/fedtsa_niid/ray_dies_once/seed0"]["runs"] == 1  # retried
     assert len({d["node"] for d in done if "node" in d}) == 2  # the head and the worker node both ran jobs
     ray_runs, local_runs = _summaries(tmp_path / "ray"), _summaries(tmp_path / "local")
-    assert len(ray_runs) == 3 and ray_runs == local_runs  # same accuracies, same everything but the wall time
+    assert len(ray_runs) == 4 and {k: v for k, v in ray_runs.items() if k in local_runs} == local_runs
     # resumable: stored jobs are not submitted (no cluster needed to find that out)
     assert all(d["stored"] for d in run_plan_ray(jobs[:2], address="127.0.0.1:1", log=lambda line: None))

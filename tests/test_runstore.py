@@ -116,9 +116,9 @@ def test_checkpoints_written_before_byte_counts_still_resume(tmp_path, monkeypat
     with pytest.raises(Crash):
         run_experiment(CFG, out=folder)
     monkeypatch.undo()
-    state = torch.load(folder / "checkpoint.pt", weights_only=False)
-    del state["csv_bytes"]
-    torch.save(state, folder / "checkpoint.pt")
+    state = runstore.load_checkpoint(folder / "checkpoint.pt")
+    del state["csv_bytes"], state["files"]
+    torch.save(state, folder / "checkpoint.pt")  # as written before checkpoints carried byte counts and digests
     run_experiment(CFG, out=folder)
     assert_same_run(folder, reference)
 
@@ -189,7 +189,7 @@ def test_a_stale_finished_run_is_refused_unless_reused_or_overwritten(tmp_path, 
     def bump_fedavg(folder):
         summary = json.loads((folder / "summary.json").read_text())
         summary["code"]["units"]["strategies.basic"] = 0  # as if FedAvg's version had been bumped since
-        (folder / "summary.json").write_text(json.dumps(summary))
+        (folder / "summary.json").write_text(runstore.dumps_summary(summary))  # sealed again: not damaged
 
     folder = tmp_path / "run"
     run_experiment(CFG, out=folder)
@@ -254,7 +254,7 @@ def test_stale_runs_are_flagged_and_rerun_on_request(tmp_path, monkeypatch, capl
     assert run_status(summary) == "current"
     summary["code"]["units"]["strategies.basic"] = 0  # as if FedAvg's meaning had changed since (a version bump)
     summary["accuracy"] = -1.0
-    path.write_text(json.dumps(summary))
+    path.write_text(runstore.dumps_summary(summary))  # sealed again: stale, not damaged
     with caplog.at_level("WARNING"):
         again = run_grid(cfg, {"fedavg": {}}, [0], results_dir=results, progress=False)
     assert again.accuracy.iloc[0] == -1.0  # read back, but not silently:
@@ -277,7 +277,7 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     stored = json.loads(path.read_text())
     stale = {**stored, "code": {**stored["code"], "units": {**stored["code"]["units"], "strategies.fedamp": 0}}}
     del stale["absent_uploads"]  # a field added after the run was stored is not asked of it
-    path.write_text(json.dumps(stale))  # as if FedAMP's version had been bumped, without moving a number
+    path.write_text(runstore.dumps_summary(stale))  # as if FedAMP's version had been bumped, without moving a number
     assert run_status(read_summary(path)) == "stale"
     assert main(["reproduce", str(path)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -287,11 +287,11 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     assert again["reproduced"][0]["former_changed"] == ["strategies.fedamp@0->1"]
     # a number that today's code does not make: reported, the file left as it is, exit status 1
     wrong = {**stale, "accuracy_by_domain": {**stale["accuracy_by_domain"], "contrast": 1.0}}
-    path.write_text(json.dumps(wrong))
+    path.write_text(runstore.dumps_summary(wrong))
     assert main(["reproduce", str(path)]) == 1
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["status"] == "differs" and result["differences"][0].startswith("accuracy_by_domain.contrast: 1.0 ->")
-    assert json.loads(path.read_text()) == wrong
+    assert read_summary(path) == runstore.without_integrity(wrong)
     # --replace: today's run takes its place, current, with a note of what it replaced
     assert main(["reproduce", "--replace", str(path)]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -317,7 +317,7 @@ def test_reproduce_runs_several_stale_runs_in_worker_processes_through_resumable
         paths.append(results / f"{config_key(cfg)}.json")
         stored = json.loads(paths[-1].read_text())
         stored["code"]["units"]["strategies.basic"] = 0
-        paths[-1].write_text(json.dumps(stored))
+        paths[-1].write_text(runstore.dumps_summary(stored))
     assert main(["reproduce", "--workers", "2", *map(str, paths)]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert sorted(r["path"] for r in out) == sorted(map(str, paths)) and {r["status"] for r in out} == {"reproduced"}

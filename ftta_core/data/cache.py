@@ -7,11 +7,13 @@
   shapes) must agree, else ``DataIntegrityError``.
 * ``cached_arrays`` stores decoded arrays as ``.npy`` files in ``cache_dir()`` under a key made of the dataset name
   and a fingerprint (source file size + mtime, expected manifest hashes, options, cache format version). Files are
-  written to a temporary name and renamed, so concurrent readers never see half a file. Cached arrays are not
-  re-hashed on load: they were verified before being written and the key changes when the source does.
+  written to a temporary name and renamed, so concurrent readers never see half a file. Each file has a checksum
+  sidecar (``save_checked``) and is verified on every load (the key changes when the source does, not when a cached
+  file goes bad): a file that fails its check is named in a warning and decoded again. A file cached by an older
+  version, without a sidecar, is accepted once and gets its sidecar.
 * ``save_checked`` / ``load_checked`` keep an array with a sidecar (shape, dtype, SHA-256) and verify it on every
-  load, for caches whose key does not change when a file goes bad (e.g. the corrupted test sets of
-  ``stream.CorruptedDomains``); a file that fails its check is reported by name and rebuilt by the caller.
+  load, for the caches above and those of the corrupted test sets (``stream.CorruptedDomains``); a file that fails
+  its check is reported by name and rebuilt by the caller.
 """
 from __future__ import annotations
 
@@ -148,15 +150,14 @@ def cached_arrays(
     key = cache_key(name, fingerprint)
     paths = {f: folder / f"{key}.{f}.npy" for f in fields}
     if all(p.is_file() for p in paths.values()):
-        try:
-            return {f: np.load(p, allow_pickle=False) for f, p in paths.items()}
-        except (OSError, ValueError) as err:  # truncated or foreign file: rebuild it
-            warnings.warn(f"ignoring unreadable cache file for {name} in {folder}: {err}", stacklevel=2)
+        loaded = {f: load_checked(p, adopt=True) for f, p in paths.items()}  # truncated, zeroed...: rebuilt
+        if all(a is not None for a in loaded.values()):
+            return loaded  # type: ignore[return-value]
     arrays = build()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for f, p in paths.items():
-            _atomic_save(p, arrays[f])
+            save_checked(p, arrays[f])
     except OSError as err:
         warnings.warn(f"could not write the cache for {name} to {folder}: {err}", stacklevel=2)
     return arrays
@@ -202,17 +203,26 @@ def save_checked(path: Path, array: np.ndarray) -> None:
     _atomic_save(path, array)
 
 
-def load_checked(path: Path, shape: Sequence[int] | None = None, dtype: Any = None) -> np.ndarray | None:
+def load_checked(path: Path, shape: Sequence[int] | None = None, dtype: Any = None,
+                 adopt: bool = False) -> np.ndarray | None:
     """The array at ``path`` when it agrees with its sidecar (and ``shape``/``dtype`` when given); None when there
     is no file, or, with a warning naming the file, when it fails a check (truncated, zeroed, no sidecar, wrong
-    shape, checksum mismatch): the caller rebuilds it."""
+    shape, checksum mismatch): the caller rebuilds it. ``adopt``: a readable file without a sidecar (cached by an
+    older version, which verified it before writing it) is accepted and gets its sidecar now."""
     path = Path(path)
     if not path.is_file():
         return None
     try:
-        recorded = json.loads(checksum_path(path).read_text())
         array = np.load(path, allow_pickle=False)
+        recorded = json.loads(checksum_path(path).read_text())
     except FileNotFoundError:
+        if adopt:
+            try:
+                facts = json.dumps(array_facts(array), sort_keys=True).encode("utf-8")
+                atomic_write(checksum_path(path), lambda fh: fh.write(facts))
+            except OSError:  # a read-only cache: accepted now, adopted by a later run that can write
+                pass
+            return array
         problem = f"has no checksum file '{checksum_path(path).name}' (written by an older version)"
     except (OSError, ValueError, EOFError) as err:  # truncated, zeroed or foreign bytes
         problem = f"is unreadable ({type(err).__name__}: {err})"

@@ -12,7 +12,9 @@ run config on the node (each node only reads its own row). Clients evaluate thei
 per-step correct counts. The ServerApp (``engine_app.FlowerServer``) waits up to ``timeout`` for ``clients``
 nodes, runs the steps (one message per client per step: the previous step's mixed row + the next batch's
 upload; uploads checked, W, personalised mix) and, when the run config names ``out``, rewrites a JSON record there
-after every step (``status``: running / finished / stopped: reason). A client that does not answer a step within
+after every step and every ``heartbeat`` seconds while it waits (``status``: running / finished / stopped: reason;
+``heartbeat``: when, the ServerApp's process id and host, so ``python -m ftta_core runs`` tells a dead server's
+record, ``interrupted``, from a live one). A client that does not answer a step within
 ``timeout`` (or whose SuperNode goes offline) is absent at that step; below ``min-clients`` answers (default 0 =
 all ``clients``) the run stops: the record says why and the ServerApp raises, so Flower marks the run failed.
 """
@@ -29,7 +31,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from ..experiment import ExperimentConfig, build_stream
-from .engine_app import EngineClient, FlowerServer, client_reply
+from .engine_app import HEARTBEAT_S, EngineClient, FlowerServer, client_reply
 
 APP_DIR = Path(__file__).resolve().parent / "app"  # the Flower app folder to pass to ``flwr run``
 
@@ -122,5 +124,6 @@ def _main(grid: Grid, context: Context) -> None:
     min_clients = int(rc.get("min-clients", 0)) or cfg.clients  # 0: all clients
     config = dict(run_config_of(cfg, steps), timeout=timeout, **{"min-clients": min_clients})
     server = FlowerServer(cfg, steps, timeout=timeout, min_clients=min_clients,
-                          out=str(rc["out"]) if rc.get("out") else None, run_config=config)
+                          out=str(rc["out"]) if rc.get("out") else None, run_config=config,
+                          heartbeat_s=float(rc.get("heartbeat", HEARTBEAT_S)))
     server.run(grid)  # raises StopRun when too few clients answer: Flower then marks the run failed

@@ -25,9 +25,16 @@ order) and sends each client its row. Faults are handled per step:
   the mix on receives its personalised row like every other client (optimiser and client-side strategy state
   start afresh).
 
-The record (``FlowerServer.record``, JSON at ``out``, rewritten atomically after every round) holds per finished
-step W, logits, correct counts (``null`` where not reported), absent and rejected clients with reasons, and a
-``status``: ``running``, ``finished`` or ``stopped: <reason>``. Client-side strategy hooks (regularisers, probe
+The record (``FlowerServer.record``, JSON at ``out``, rewritten atomically after every round and every
+``heartbeat_s`` seconds while the server waits) holds per finished step W, logits, correct counts (``null`` where
+not reported), absent and rejected clients with reasons, a ``status``: ``running``, ``finished`` or ``stopped:
+<reason>``, and a ``heartbeat`` (``runstore.heartbeat``: when it was last written, the server's process id, host and
+process start time): ``python -m ftta_core runs`` reports a ``running`` record whose server is gone (or has not
+written for ``runstore.HEARTBEAT_STALE`` intervals, e.g. hung on a dead SuperLink) as ``interrupted``. A client that
+uploaded at a step but died before its prediction of that step came back is **absent** at that step too (its upload
+counted in W; the reason says so). A server started again with the same ``out`` cannot resume (docs/flower.md says
+why): it refuses while the former record's server is alive, else starts from step 0 and notes the record it
+replaced as an event. Client-side strategy hooks (regularisers, probe
 uploads, memories) run on a one-client copy of the strategy that observes the client's own received state.
 """
 from __future__ import annotations
@@ -37,6 +44,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
@@ -59,6 +67,7 @@ from .records import from_record, record_bytes, to_record
 log = logging.getLogger("flwr")  # Flower's logger: its lines reach the SuperLink's log / `flwr log`
 
 POLL_S = 0.5  # how often the server pulls replies (Flower's own send_and_receive sleeps 3 s)
+HEARTBEAT_S = 30.0  # how often the server rewrites its record while waiting (``runstore.heartbeat``)
 
 
 def _strip(tensors: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -196,10 +205,13 @@ class FlowerServer:
     def __init__(self, cfg: ExperimentConfig, steps: int, *, timeout: float = 600.0,
                  min_clients: Optional[int] = None, out: Optional[str] = None,
                  run_config: Optional[Dict[str, Any]] = None, policy: Optional[UploadPolicy] = None,
-                 poll: float = POLL_S) -> None:
+                 poll: float = POLL_S, heartbeat_s: float = HEARTBEAT_S) -> None:
         from ..training import load_source_model
 
         self.cfg, self.steps, self.timeout, self.out, self.poll = cfg, int(steps), float(timeout), out, poll
+        if not heartbeat_s > 0:
+            raise ValueError(f"heartbeat must be > 0 seconds, got {heartbeat_s}")
+        self.heartbeat_s, self._written_at = float(heartbeat_s), time.monotonic()
         self.n = cfg.clients
         self.min_clients = self.n if not min_clients else int(min_clients)
         if not 1 <= self.min_clients <= self.n:
@@ -218,10 +230,39 @@ class FlowerServer:
 
     # -- record
     def _write(self) -> None:
+        """Rewrite the record at ``out`` (atomically) with a fresh heartbeat."""
         if self.out:
-            from ..runstore import atomic_write_text
+            from ..runstore import atomic_write_text, heartbeat
 
+            self.record["heartbeat"] = heartbeat(self.heartbeat_s)
             atomic_write_text(self.out, json.dumps(self.record))
+            self._written_at = time.monotonic()
+
+    def _beat(self) -> None:
+        """While waiting: rewrite the record when ``heartbeat_s`` has passed since it was last written."""
+        if self.out and time.monotonic() - self._written_at >= self.heartbeat_s:
+            self._write()
+
+    def _replace_former(self) -> None:
+        """Before the first write: refuse to replace a record whose server is still alive (``StopRun``, nothing
+        written); note a former record (interrupted, stopped, finished) that this run replaces as an event."""
+        from ..runstore import heartbeat_status
+
+        try:
+            former = json.loads(Path(self.out).read_text()) if self.out else None
+        except (OSError, ValueError):
+            return
+        if not isinstance(former, dict):
+            return
+        beat = former.get("heartbeat")
+        if former.get("status") == "running" and beat is not None and heartbeat_status(beat) == "running":
+            raise StopRun(f"{self.out} is the record of a run whose ServerApp is alive (pid {beat.get('pid')} on "
+                          f"{beat.get('host')}); give this run another out")
+        status = former.get("status")
+        if status == "running":
+            status = "interrupted"
+        self._event(0, "replaced a former record", status=status, steps_done=former.get("steps_done"),
+                    last_written=(beat or {}).get("utc"))
 
     def _event(self, step: int, what: str, **details: Any) -> None:
         self.record["events"].append({"step": step, "event": what, **details})
@@ -229,7 +270,9 @@ class FlowerServer:
 
     def run(self, grid: Grid) -> Dict[str, Any]:
         """Run every step on ``grid``; returns the record. Raises ``StopRun`` when too few clients answer (after
-        recording it); any other error is recorded as ``stopped: error: ...`` and raised."""
+        recording it); any other error is recorded as ``stopped: error: ...`` and raised. A record at ``out`` whose
+        server is alive is never replaced (``StopRun``)."""
+        self._replace_former()
         try:
             self._run(grid)
         except StopRun as stop:
@@ -258,6 +301,7 @@ class FlowerServer:
                     return nodes
                 raise StopRun(f"only {len(nodes)} of {self.n} SuperNodes connected within {self.timeout:g}s "
                               f"(min-clients {self.min_clients})")
+            self._beat()
             time.sleep(self.poll)
 
     def _exchange(self, grid: Grid, msgs: List[Message]) -> Tuple[Dict[int, Message], Dict[int, str]]:
@@ -290,6 +334,7 @@ class FlowerServer:
                     failed[node] = f"no reply within {self.timeout:g}s"
                 break
             if waiting:
+                self._beat()
                 time.sleep(self.poll)
         return replies, failed
 
@@ -315,7 +360,7 @@ class FlowerServer:
             replies, failed = self._exchange(grid, msgs)
             answered, absent_why = self._sort_replies(r, replies, failed)
             if pending is not None:
-                self._finish_step(pending, replies)
+                self._finish_step(pending, replies, failed)
             if train < 0:
                 break
             if len(answered) < self.min_clients:
@@ -424,24 +469,28 @@ class FlowerServer:
             pending.rows[slot] = {k: v[slot] for k, v in result.mixed.items()} if bool(valid[slot]) else {}
         return pending
 
-    def _finish_step(self, p: _Pending, replies: Dict[int, Message]) -> None:
-        """Record step ``p.step`` with the predictions that came back in this round."""
+    def _finish_step(self, p: _Pending, replies: Dict[int, Message], failed: Mapping[int, str]) -> None:
+        """Record step ``p.step`` with the predictions that came back in this round. A client that uploaded at
+        that step but whose prediction did not come (its node died mid-step, or its reply has none) is absent at
+        that step: its upload counted in W, the reason says so."""
         logits: List[Optional[list]] = [None] * self.n
         correct: List[Optional[int]] = [None] * self.n
         for slot, node in p.node.items():
             msg = replies.get(node)
-            if msg is None or msg.has_error():
-                continue
             try:
+                if msg is None or msg.has_error():
+                    raise ValueError(failed.get(node) or (_error_reason(msg) if msg is not None else "no reply"))
                 if _meta_int(msg, "predicted") != p.step:
-                    continue
+                    raise ValueError("its reply has no prediction for this step")
                 value = _meta_int(msg, "correct")
                 if value is None:
                     raise ValueError("no correct count")
                 logits[slot] = from_record(msg.content["logits"])["logits"].tolist()
                 correct[slot] = value
             except Exception as err:  # noqa: BLE001
-                log.warning("ftta: step %d: client %d's prediction is malformed: %s", p.step, slot, err)
+                p.absent[slot] = True
+                p.reasons[slot] = f"its prediction never came ({err}); its upload at this step counted in W"
+                log.warning("ftta: step %d: client %d is absent: %s", p.step, slot, p.reasons[slot])
         rec = self.record
         rec["weights"].append(p.weights.tolist())
         rec["logits"].append(logits)
@@ -509,13 +558,16 @@ class FlowerRun:
 
 
 def engine_server_app(cfg: ExperimentConfig, n_steps: int, record: FlowerRun, *, timeout: float = 600.0,
-                      min_clients: Optional[int] = None) -> ServerApp:
-    """A ServerApp running ``n_steps`` steps of ``cfg``'s strategy over the grid's nodes (``FlowerServer``)."""
+                      min_clients: Optional[int] = None, out: Optional[str] = None,
+                      heartbeat_s: float = HEARTBEAT_S) -> ServerApp:
+    """A ServerApp running ``n_steps`` steps of ``cfg``'s strategy over the grid's nodes (``FlowerServer``; with
+    ``out``, its record is written there as a deployed ServerApp writes it)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        server = FlowerServer(cfg, n_steps, timeout=timeout, min_clients=min_clients)
+        server = FlowerServer(cfg, n_steps, timeout=timeout, min_clients=min_clients, out=out,
+                              heartbeat_s=heartbeat_s)
         try:
             server.run(grid)
         finally:
@@ -529,15 +581,16 @@ def engine_server_app(cfg: ExperimentConfig, n_steps: int, record: FlowerRun, *,
     return app
 
 
-def run_engine_on_flower(cfg: ExperimentConfig, n_steps: Optional[int] = None, stream: Optional[Stream] = None
-                         ) -> FlowerRun:
-    """Run ``cfg`` (any local method and strategy) as a Flower ServerApp + one ClientApp per client, in process."""
+def run_engine_on_flower(cfg: ExperimentConfig, n_steps: Optional[int] = None, stream: Optional[Stream] = None,
+                         out: Optional[str] = None) -> FlowerRun:
+    """Run ``cfg`` (any local method and strategy) as a Flower ServerApp + one ClientApp per client, in process
+    (``out``: where the server writes its record, as in a deployment)."""
     from ..build import build_stream
 
     stream = stream or build_stream(dataclasses.replace(cfg, device="cpu"), "cpu")
     steps = min(len(stream), n_steps or cfg.max_steps or len(stream))
     record = FlowerRun()
-    run_inprocess(engine_server_app(cfg, steps, record), engine_client_app(cfg, stream),
+    run_inprocess(engine_server_app(cfg, steps, record, out=out), engine_client_app(cfg, stream),
                   [{"client": i} for i in range(cfg.clients)])
     record.labels = [stream.batch(t).labels for t in range(steps)]
     return record

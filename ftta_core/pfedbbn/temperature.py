@@ -235,7 +235,7 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = st
     ``fidelity.claims_table`` (``stats.paired`` and ``stats.verdict``). ``how``: how the setting was picked, said in
     each row's "settled by"; ``cell_class``: the accuracy claims' class. The W claim is always "post hoc": the
     setting was chosen to maximise that very share (on a held-out stream, but the same quantity)."""
-    from ..fidelity import _row
+    from ..fidelity import claim_row
     from .imbalance import _paper_value, paper_column
     from ..paper import paper_table
 
@@ -253,10 +253,10 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = st
         for ref, strategy in (("BBN alone", "None-Fed"), ("FedAvg + BBN", "FedAvg")):
             theirs = (_paper_value(paper, "pFedBBN", "BBN", alpha) - _paper_value(paper, strategy, "BBN", alpha)
                       if paper_column(alpha) is not None else float("nan"))
-            rows.append(_row(f"pFedBBN above {ref}, {column}", "pFedBBN Table 1", theirs,
+            rows.append(claim_row(f"pFedBBN above {ref}, {column}", "pFedBBN Table 1", theirs,
                              stats.paired(acc(name), acc(ref)), tie, where, cell_class=cell_class))
         sh = at[at["variant"] == name].set_index("seed")
-        rows.append(_row(f"pFedBBN's W clusters by domain (same-domain share minus uniform, in points), {column}",
+        rows.append(claim_row(f"pFedBBN's W clusters by domain (same-domain share minus uniform, in points), {column}",
                          "pFedBBN Fig 5 (no number: 'clusters')", float("nan"),
                          stats.paired(100 * sh["same domain"], 100 * sh["uniform same-domain"]), tie, where,
                          cell_class="post hoc", kind="direction"))  # the claim: above uniform
@@ -289,7 +289,7 @@ def whole_grid_claims(reported: pd.DataFrame, grid_rows: pd.DataFrame, setting: 
     seed, beside the paper's difference in that column. ``reported``: ``temperature_grid`` rows at the columns with
     ``setting`` and the references; ``grid_rows``: ``imbalance.run_rows`` of the stored Table 1 grid. Every row is
     "post hoc": the pooled rule was stated after the per-alpha accuracies were stored (notebook 30)."""
-    from ..fidelity import _row
+    from ..fidelity import claim_row
     from ..paper import paper_table
     from .imbalance import STRATEGY_LABELS, METHOD_LABELS, paper_column
 
@@ -310,7 +310,7 @@ def whole_grid_claims(reported: pd.DataFrame, grid_rows: pd.DataFrame, setting: 
         others = theirs[(theirs["strategy"] != "pFedBBN") & (theirs["method"] != "Source")]
         paper_gap = (float(theirs.loc[theirs["strategy"] == "pFedBBN", "accuracy"].iloc[0]) - others["accuracy"].max()
                      if len(others) else float("nan"))
-        rows.append(_row(f"pFedBBN minus the best other method x server of Table 1 (best or near-best under skew), "
+        rows.append(claim_row(f"pFedBBN minus the best other method x server of Table 1 (best or near-best under skew), "
                          f"{column_label(alpha)}", "pFedBBN Table 1", paper_gap, stats.paired(ours, best), tie,
                          f"pFedBBN {setting} ({WHOLE_GRID}) against the best of "
                          f"{len(cells.groupby(['strategy', 'method']))} other cells "
