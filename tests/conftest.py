@@ -71,3 +71,27 @@ def certified_as_is(tmp_path_factory, monkeypatch):
     units.write_lock(lock, path)
     monkeypatch.setenv(units.LOCK_ENV, str(path))
     return path
+
+
+def killed_real_run(folder, kill_when: str = "checkpoint.pt"):
+    """Start a real ``python -m ftta_core run`` (embedded digits, Tent, FedAvg, a few slots) into ``folder`` and
+    SIGKILL it when ``folder / kill_when`` first appears; returns the command and environment to run it again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cmd = [sys.executable, "-m", "ftta_core", "run", "--dataset", "embedded_digits", "--scenario", "heterogeneity",
+           "--corruptions", "gaussian_noise,contrast", "--clients", "4", "--batch-size", "8",
+           "--images-per-client", "40", "--sh", "0.5", "--th", "0.2", "--device", "cpu", "--local", "tent",
+           "--local-param", "params=bn_affine", "--local-param", "lr=0.001", "--strategy", "fedavg", "--seed", "3",
+           "--out", str(folder)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 120
+    while proc.poll() is None and not (folder / kill_when).exists() and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return cmd, env

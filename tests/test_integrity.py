@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import subprocess
-import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -25,6 +21,7 @@ from ftta_core.data import cache
 from ftta_core.experiment import run_experiment
 from ftta_core.runstore import DamagedRun, read_summary, scan, store_summary
 from test_runstore import CFG, Crash, assert_same_run, crashing, reference  # noqa: F401  (a fixture)
+from conftest import killed_real_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -136,18 +133,7 @@ def test_kill_9_then_a_flipped_checkpoint_restarts_a_real_process_with_one_line(
     """A real ``python -m ftta_core run`` SIGKILLed after its first checkpoint, whose checkpoint then loses a byte:
     the next command names the file in one line on stderr and makes the run the uninterrupted run makes."""
     folder = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ftta_core", "run", "--dataset", "embedded_digits", "--scenario", "heterogeneity",
-           "--corruptions", "gaussian_noise,contrast", "--clients", "4", "--batch-size", "8",
-           "--images-per-client", "40", "--sh", "0.5", "--th", "0.2", "--device", "cpu", "--local", "tent",
-           "--local-param", "params=bn_affine", "--local-param", "lr=0.001", "--strategy", "fedavg", "--seed", "3",
-           "--out", str(folder)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 120
-    while proc.poll() is None and not (folder / "checkpoint.pt").exists() and time.time() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    cmd, env = killed_real_run(folder, "checkpoint.pt")
     if not (folder / "checkpoint.pt").exists():
         pytest.skip("the run finished before it could be killed")
     flip(folder / "checkpoint.pt", len((folder / "checkpoint.pt").read_bytes()) // 2)

@@ -1,10 +1,7 @@
 """The run store: crashes at every write leave a resumable or complete run, locks, overwrite refusal, code records."""
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ from ftta_core.build import code_record
 from ftta_core.runstore import (RunLock, RunStoreError, read_summary, run_status, scan_table,
                                 source_hash, stale_modules, usable)
 from ftta_core.workbook import config_key, run_grid
+from conftest import killed_real_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -128,18 +126,7 @@ def test_kill_9_of_a_real_process_then_resume(tmp_path, reference, kill_when):
     """A real ``python -m ftta_core run`` killed with SIGKILL when ``kill_when`` first appears (after the first
     slot's checkpoint; inside the final writes), then resumed."""
     folder = tmp_path / "run"
-    cmd = [sys.executable, "-m", "ftta_core", "run", "--dataset", "embedded_digits", "--scenario", "heterogeneity",
-           "--corruptions", "gaussian_noise,contrast", "--clients", "4", "--batch-size", "8",
-           "--images-per-client", "40", "--sh", "0.5", "--th", "0.2", "--device", "cpu", "--local", "tent",
-           "--local-param", "params=bn_affine", "--local-param", "lr=0.001", "--strategy", "fedavg", "--seed", "3",
-           "--out", str(folder)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 120
-    while proc.poll() is None and not (folder / kill_when).exists() and time.time() < deadline:
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    cmd, env = killed_real_run(folder, kill_when)
     assert subprocess.run(cmd, stdout=subprocess.DEVNULL, env=env).returncode == 0
     assert_same_run(folder, reference)
 
