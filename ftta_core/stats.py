@@ -7,7 +7,7 @@ rule was written down before the runs it is applied to (docs/statistics.md gives
    *paired by seed*, over the seeds both have a run for (a run stored without the measure does not count).
 2. **Interval.** The mean paired difference with a two-sided 95 % Student-t confidence interval (n - 1 degrees of
    freedom). Not a bootstrap: with the 3-5 seeds a protocol run affords, a percentile bootstrap has at most 126
-   distinct resamples and covers well under 95 % (0.84 at n = 5 and 0.76 at n = 3 for normal data, where t covers
+   distinct resamples and covers well under 95 % (0.84 at n = 5 and 0.75 at n = 3 for normal data, where t covers
    0.95: ``benchmarks/results/interval_coverage.md``), while the t interval is exact for normal differences; each
    difference is a mean over thousands of predictions, which makes normality a mild assumption. The interval says
    how far the mean could be from the value more seeds would give.
