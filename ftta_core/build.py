@@ -106,12 +106,23 @@ def build_local_for(cfg: "ExperimentConfig") -> "LocalMethod":
 
 def build_strategy_for(cfg: "ExperimentConfig", strategy: Optional[str] = None) -> "Strategy":
     """The config's strategy (or ``strategy`` at its defaults, as ``run_strategies`` runs it), seeded from the run's
-    seed (``strategy_params``)."""
+    seed (``strategy_params``), mixing with the config's ``robust_mixing`` (``strategies.base.set_robust_mixing``)."""
+    from .engine.robust import parse_robust_mixing
     from .strategies import build_strategy
+    from .strategies.base import set_robust_mixing
 
     if strategy is not None:
         cfg = dataclasses.replace(cfg, strategy=strategy, strategy_params={})
-    return build_strategy(cfg.strategy, **strategy_params(cfg))
+    built = build_strategy(cfg.strategy, **strategy_params(cfg))
+    robust = parse_robust_mixing(cfg.robust_mixing)
+    if robust is not None and robust.mode == "clip":  # clipping measures deviations from the source model's values
+        from .engine.uploads import reference_values
+        from .training import load_source_model
+
+        with torch.random.fork_rng(devices=[]):  # building the model draws its initial weights: not from the run's
+            source = load_source_model(cfg.model_name, device="cpu")  # torch generator
+        robust = dataclasses.replace(robust, reference=reference_values(source))
+    return set_robust_mixing(built, robust)
 
 
 def build_scenario(cfg: "ExperimentConfig") -> Scenario:
@@ -298,7 +309,9 @@ class Run:
 def build_engine(cfg: "ExperimentConfig", device: str, strategy: Optional["Strategy"] = None,
                  server_threads: Optional[int] = None) -> Engine:
     """The config's engine on ``device``: torch seeded from the run's seed, the source model, the local method and
-    the strategy (``strategy``, e.g. an object a config cannot hold, or the config's), with its participation."""
+    the strategy (``strategy``, e.g. an object a config cannot hold, or the config's), with its participation and
+    its attack (``engine.attacks``)."""
+    from .engine.attacks import parse_attack
     from .rng import derive_seed
     from .training import load_source_model
 
@@ -307,7 +320,7 @@ def build_engine(cfg: "ExperimentConfig", device: str, strategy: Optional["Strat
     local = build_local_for(cfg)
     strategy = strategy if strategy is not None else build_strategy_for(cfg)
     return Engine(source, local, strategy, cfg.clients, cfg.backend, device, cfg.participation, cfg.seed,
-                  server_threads)
+                  server_threads, attack=parse_attack(cfg.attack))
 
 
 # FTTA_SOURCE_CACHE=1: every run built here keeps the frozen source model's outputs per batch in a file per model and

@@ -50,6 +50,13 @@ FIELD_HELP: Dict[str, str] = {
     "max_steps": "stop after this many steps (truncates the stream: smoke runs)",
     "smoke": "a few steps only",
     "participation": "probability that a client reports at a step (an absent client keeps its own model)",
+    "robust_mixing": "mix each row of W by a robust statistic instead of the weighted mean (W unchanged): 'off', "
+                     "'median' (weighted median), 'trimmed[:BETA]' (weight BETA cut per side, default 0.1) or "
+                     "'clip[:C]' (deviations from the source model clipped to C x their median norm, default 2); "
+                     "docs/threat-model.md",
+    "attack": "clients that lie in their uploads: 'none' or KIND:IDS, KIND one of bn_x5 (BN statistics x5), "
+              "sign_flip (parameters negated), mean_shift (+5 x mean|x|), IDS comma-separated client ids, e.g. "
+              "bn_x5:0,7; the summary adds accuracy_honest",
 }
 
 NONE_WORDS = ("none", "null")

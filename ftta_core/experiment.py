@@ -114,6 +114,8 @@ class ExperimentConfig:
     max_steps: Optional[int] = None
     smoke: bool = False
     participation: float = 1.0
+    robust_mixing: str = "off"
+    attack: str = "none"
 
     def __post_init__(self) -> None:
         from .corruptions import CORRUPTIONS, SEVERITIES
@@ -192,6 +194,19 @@ class ExperimentConfig:
         if not 0.0 < float(self.participation) <= 1.0:
             bad("participation", f"must be in (0, 1] (the probability a client reports at a step), got "
                                  f"{self.participation}")
+        from .engine.attacks import parse_attack
+        from .engine.robust import parse_robust_mixing
+
+        for name, parse, off in (("robust_mixing", parse_robust_mixing, "off"), ("attack", parse_attack, "none")):
+            try:
+                parsed = parse(getattr(self, name))
+            except ValueError as err:
+                bad(name, str(err))
+            setattr(self, name, off if parsed is None else parsed.spec)  # one spelling per meaning ('trimmed:0.1')
+        attack = parse_attack(self.attack)
+        if attack is not None and max(attack.clients) >= self.clients:
+            bad("attack", f"attacker id(s) {[i for i in attack.clients if i >= self.clients]} are not clients "
+                          f"0..{self.clients - 1}, got {self.attack!r}")
         if self.label_alpha is not None and not self.label_alpha > 0:
             bad("label_alpha", f"must be positive or None (IID), got {self.label_alpha}")
         if INDEX.problem(self.seed):
@@ -211,7 +226,13 @@ class ExperimentConfig:
         from .tta import build_local
 
         build_local(self.local, **self.local_params)  # raises naming local_params and the bad key
-        build_strategy(self.strategy, **self.strategy_params)
+        from .strategies.base import set_robust_mixing
+
+        built = build_strategy(self.strategy, **self.strategy_params)
+        try:  # a strategy whose own mix would ignore robust mixing is refused (``set_robust_mixing``)
+            set_robust_mixing(built, parse_robust_mixing(self.robust_mixing))
+        except ValueError as err:
+            bad("robust_mixing", str(err))
         for name, method in (("local_params", self.local), ("strategy_params", self.strategy)):
             for key, value in getattr(self, name).items():
                 problem = PARAM_RANGES[key].problem(value) if key in PARAM_RANGES and value is not None else None
@@ -241,8 +262,9 @@ class ExperimentConfig:
         return self.model or DATASET_DEFAULTS[self.dataset]["model"]
 
     def to_dict(self) -> Dict[str, Any]:
-        """A JSON-friendly dict."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=list))
+        """A JSON-friendly dict (without the fields of ``UNWRITTEN_AT_DEFAULT`` at their defaults)."""
+        data = json.loads(json.dumps(dataclasses.asdict(self), default=list))
+        return {k: v for k, v in data.items() if not (k in UNWRITTEN_AT_DEFAULT and v == LATER_FIELDS[k])}
 
     def identity(self) -> Dict[str, Any]:
         """``to_dict`` without the fields this config's scenario does not read: what determines the results.
@@ -269,7 +291,10 @@ UNREAD_OUTSIDE_HETEROGENEITY = ("sh", "th", "n_steps")
 
 
 # fields added after runs were stored: at their default they are left out of the identity, so older runs still match
-LATER_FIELDS = {"participation": 1.0}
+LATER_FIELDS = {"participation": 1.0, "robust_mixing": "off", "attack": "none"}
+# later fields also left out of ``to_dict`` at their defaults: configs, checkpoints and summaries written before they
+# existed are equal to today's (compared as they are by resuming runs, presets and studies)
+UNWRITTEN_AT_DEFAULT = ("robust_mixing", "attack")
 
 
 def explicit_strategy_params(strategy: str, params: Dict[str, Any]) -> Dict[str, Any]:
@@ -356,19 +381,29 @@ def summarize(steps: pd.DataFrame, cfg: ExperimentConfig, wall_s: float, device:
     ``accuracy_local`` the logits of the adaptation forward itself, before the optimiser step and the mix (under
     ``bn="running"`` a train-mode forward, normalised with the batch's own statistics); ``accuracy_source`` the frozen
     source model. So under ``bn="running"`` even a Local run's two accuracies differ: they normalise differently
-    and one is taken after the step."""
+    and one is taken after the step. With an ``attack``, also ``accuracy_honest`` (after mixing, over the clients
+    that are not attackers) and ``attackers`` (their ids)."""
+    from .engine.attacks import parse_attack
 
     n = steps["n"].sum()
-    return {"accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
-            "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
-            "accuracy_by_domain": accuracy_by(steps, "domain"), **(classes.summary() if classes is not None else {}),
-            "rejected_uploads": int(steps["rejected"].sum()), "absent_uploads": int(steps["absent"].sum()),
-            "upload_bytes_per_client_step": upload_bytes,
-            "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
-                                                  "torch": torch.__version__, "numpy": np.__version__,
-                                                  "python": platform.python_version()},
-            "device": device, "wall_time_s": round(wall_s, 2), "threads": torch.get_num_threads(),
-            "server_threads": server_threads, "code": code or code_record(cfg.local, cfg.strategy, cfg)}
+    summary = {
+        "accuracy": 100 * steps["correct_mixed"].sum() / n, "accuracy_local": 100 * steps["correct_local"].sum() / n,
+        "accuracy_source": 100 * steps["correct_source"].sum() / n, "n_predictions": int(n),
+        "accuracy_by_domain": accuracy_by(steps, "domain"), **(classes.summary() if classes is not None else {}),
+        "rejected_uploads": int(steps["rejected"].sum()), "absent_uploads": int(steps["absent"].sum()),
+        "upload_bytes_per_client_step": upload_bytes,
+        "config": cfg.to_dict(), "versions": {"ftta": __import__("ftta_core").__version__,
+                                              "torch": torch.__version__, "numpy": np.__version__,
+                                              "python": platform.python_version()},
+        "device": device, "wall_time_s": round(wall_s, 2), "threads": torch.get_num_threads(),
+        "server_threads": server_threads, "code": code or code_record(cfg.local, cfg.strategy, cfg)}
+    attack = parse_attack(cfg.attack)
+    if attack is not None:  # the clients the attack is against: everyone but the attackers, after mixing
+        honest = steps[~steps["client"].isin(attack.clients)] if len(steps) else steps
+        n_honest = honest["n"].sum() if len(honest) else 0
+        summary["accuracy_honest"] = 100 * honest["correct_mixed"].sum() / n_honest if n_honest else float("nan")
+        summary["attackers"] = list(attack.clients)
+    return summary
 
 
 def run_experiment(cfg: ExperimentConfig, out: Optional[Path | str] = None, progress: bool = False,

@@ -22,6 +22,7 @@ from .stream import Stream, StreamBatch
 from .strategies.base import (ServerInputs, Strategy, check_collaboration, client_regularizer, lookahead_of,
                                probe_uploads)
 from .tta.base import LocalMethod
+from .engine.attacks import Attack
 from .engine.bank import ClientBank, make_bank
 from .engine.mixing import restrict_to_valid
 from .engine.source_cache import SourceCache, batch_digest, model_digest
@@ -98,6 +99,9 @@ class Engine:
     upload_policy: Optional[UploadPolicy] = None  # thresholds of the server's upload checks (None: the defaults)
     # the frozen source model's outputs per batch, reused instead of recomputed (``engine.source_cache``; None: none)
     source_cache: Optional[SourceCache] = None
+    # clients that lie in their uploads (``engine.attacks``; None: every client honest): their rows are rewritten
+    # before the server's checks, at every step
+    attack: Optional[Attack] = None
     bank: ClientBank = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +109,8 @@ class Engine:
             raise ValueError(f"participation must be in (0, 1], got {self.participation}")
         if self.server_threads is not None and self.server_threads < 0:
             raise ValueError(f"server_threads must be >= 0 or None, got {self.server_threads}")
+        if self.attack is not None:
+            self.attack.check_clients(self.n_clients)
         self._source_ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> x, logits, ind.
         self._horizon: Optional[int] = None  # first step not yet handed to the look-ahead strategies
         self._server_pool: Optional[ThreadPoolExecutor] = None
@@ -162,6 +168,7 @@ class Engine:
         Uploads are checked by ``upload_gate()`` (``engine.uploads``: shape, dtype, NaN/Inf, BN variances, magnitude;
         ``upload_policy``); a name of the state or uploads may also come as N per-client tensors, stacked there.
         A rejected client gets no weight and keeps its own model; it is logged and reported in ``rejected``.
+        With an ``attack``, its clients' rows of the state and uploads are rewritten first (``engine.attacks``).
 
         ``seen`` (shared passes only) collects (mixed state, logits) of the strategies already served at this step:
         a strategy whose mixed state equals one of them exactly reuses its logits instead of another forward pass
@@ -173,6 +180,8 @@ class Engine:
             context.update(probe_uploads(strategy, self.bank, self.local, x, batch.step))  # e.g. FedCTTA probes
             uploads = strategy.client_uploads(context)
             present = self.present(batch.step)
+            if self.attack is not None:  # the attackers' rows as they send them (``engine.attacks``)
+                state, uploads = self.attack.apply(state, uploads)
         sizes = torch.full((self.n_clients,), float(x.shape[1]))
         rnd = server_round(strategy, self.upload_gate(), batch.step, state, uploads, present, sizes, self.n_clients,
                            self.device, install=lambda mixed: self.local.load_state(self.bank, mixed))

@@ -342,6 +342,18 @@ def version_of(unit: str, lock: Optional[Mapping[str, Any]] = None) -> Optional[
     return None if entry is None else int(entry["version"])
 
 
+def recorded_version(unit: str, lock: Optional[Mapping[str, Any]] = None) -> Optional[int]:
+    """The version a record made today gives ``unit``: its version in the lock, or 1 for a unit the lock does not
+    know yet but the code defines (a new unit: what certifying it gives; until then its records read uncertified,
+    not stale); None for a unit that is gone from the code."""
+    lock = lock or read_lock()
+    version = version_of(unit, lock)
+    if version is not None:
+        return version
+    name = _resolve(unit, lock)
+    return 1 if name in UNITS or module_path(name) is not None else None
+
+
 def is_certified(unit: str, lock: Optional[Mapping[str, Any]] = None) -> bool:
     """Whether ``unit``'s implementation today is certified at its version."""
     lock = lock or read_lock()
@@ -455,7 +467,7 @@ def record_for(modules: Iterable[str], definitions: Iterable[str] = (), inputs: 
         found |= units_of_module(module, [name])
     lock = read_lock()
     record: Dict[str, Any] = {
-        "units": {u: version_of(u, lock) or 1 for u in sorted(found)},
+        "units": {u: recorded_version(u, lock) or 1 for u in sorted(found)},
         "implementation": {u: implementation_hash(u) for u in sorted(found)},
     }
     if inputs:
@@ -482,7 +494,7 @@ def changed_units(record: Mapping[str, Any]) -> List[str]:
     lock = read_lock()
     changed: List[str] = []
     for unit, version in record.get("units", {}).items():
-        now = version_of(unit, lock)
+        now = recorded_version(unit, lock)
         if now != version:
             changed.append(f"{unit}@{version}->{'gone' if now is None else now}")
     for key, digest in (record.get("inputs") or {}).items():

@@ -54,7 +54,8 @@ def sample_argv(name: str, config: type = ExperimentConfig) -> list:
     values = {"dataset": "cifar10", "scenario": "fedtsa_iid", "corruptions": "fog,contrast", "local": "tent",
               "strategy": "fedamp", "model": "resnet8_cifar10", "backend": "loop", "device": "cpu", "severity": "3",
               "local_params": "lr=0.001", "strategy_params": "window=3", "smoke": None,
-              "images_per_client": "30"}  # at least batch_size (10)
+              "images_per_client": "30",  # at least batch_size (10)
+              "robust_mixing": "median", "attack": "bn_x5:1"}
     kind = {f.name: f.type for f in dataclasses.fields(config)}[name]
     value = values.get(name, "0.5" if "float" in str(kind) else "3")
     return [flag(name)] + ([] if value is None else [value])

@@ -180,3 +180,19 @@ def test_a_run_made_from_uncertified_code_is_not_vouched_for_until_that_code_is_
     lock["units"]["strategies.basic"]["certified"].append("0" * 16)  # that implementation certified later
     units.write_lock(lock, lock_copy)
     assert run_status({"code": made_uncertified}) == "current"
+
+
+def test_a_new_unit_the_lock_does_not_know_yet_reads_uncertified_not_gone(lock_copy):
+    """A module added to the code (a new unit) is recorded at version 1, what certifying it gives: until it is
+    certified its records are uncertified, never stale with '->gone' (which would refuse its own oracle runs)."""
+    from ftta_core.build import code_record
+
+    record = code_record("bn", "fedavg")
+    lock = json.loads(lock_copy.read_text())
+    del lock["units"]["strategies.basic"]  # as if strategies.basic were new
+    units.write_lock(lock, lock_copy)
+    assert units.recorded_version("strategies.basic") == 1
+    assert stale_modules(record) == []
+    assert run_status({"code": record}) == "uncertified"
+    assert units.recorded_version("no_such_module") is None
+    assert stale_modules({"units": {"no_such_module": 1}, "implementation": {}}) == ["no_such_module@1->gone"]

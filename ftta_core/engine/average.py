@@ -11,11 +11,14 @@ its training phase, FedAcross+'s FedAvg merge of the adaptation module -- goes t
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence
 
 import torch
 
 from .mixing import mix_state
+
+if TYPE_CHECKING:  # annotations only
+    from .robust import RobustMixing
 
 
 def mix_counters(counts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -29,11 +32,18 @@ def mix_counters(counts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return out.reshape(counts.shape).to(counts.dtype)
 
 
-def mix_models(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+def mix_models(state: Mapping[str, torch.Tensor], weights: torch.Tensor,
+               robust: Optional["RobustMixing"] = None) -> Dict[str, torch.Tensor]:
     """Every named tensor [N, ...] mixed by W [M, N] (M mixed models from N clients): floating-point tensors by
-    ``mix_state``, integer ones as counters (``mix_counters``). Keys keep their order."""
+    ``mix_state`` (with ``robust``: by that robust statistic of each row, ``engine.robust``; W [N, N]), integer ones
+    as counters (``mix_counters``). Keys keep their order."""
     floats = {k: v for k, v in state.items() if v.is_floating_point() or v.is_complex()}
-    mixed = mix_state(floats, weights) if weights.shape[0] == weights.shape[1] else _mix_rows(floats, weights)
+    if robust is not None:
+        if weights.shape[0] != weights.shape[1]:
+            raise ValueError(f"robust mixing needs a square W [N, N], got {tuple(weights.shape)}")
+        mixed = robust.mix(floats, weights)
+    else:
+        mixed = mix_state(floats, weights) if weights.shape[0] == weights.shape[1] else _mix_rows(floats, weights)
     return {k: mixed[k] if k in mixed else _counters_rows(v, weights) for k, v in state.items()}
 
 

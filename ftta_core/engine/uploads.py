@@ -66,7 +66,9 @@ unseen; x12 is always seen).
 ``max_source_ratio = 100`` is a backstop for gross blow-ups (x1e15, x1e30) with 50x margin over the measured 2.1.
 
 What it does not catch: an upload of plausible scale but wrong content (a bounded-norm poisoned direction, a
-permuted vector, a client scaling within the bound); those are for robust aggregation in the strategy. With
+permuted vector, a client scaling within the bound); those are for robust mixing (``engine.robust``, the config's
+``robust_mixing``: a robust per-row statistic instead of the weighted mean), measured against such lies
+(``engine.attacks``) in benchmarks/results/robust_mixing.md; docs/threat-model.md says what neither catches. With
 fewer than ``min_clients`` present clients only the source bound checks magnitude, and strategy uploads (no
 source namesake) are then checked for structure and finiteness only.
 

@@ -209,6 +209,9 @@ class FlowerServer:
         from ..training import load_source_model
 
         self.cfg, self.steps, self.timeout, self.out, self.poll = cfg, int(steps), float(timeout), out, poll
+        if cfg.attack != "none":  # simulated in the engine only; here clients would have to lie themselves
+            raise ValueError(f"config field 'attack': {cfg.attack!r} is simulated by the engine (python -m ftta_core "
+                             "run); a Flower run has no simulated attackers")
         if not heartbeat_s > 0:
             raise ValueError(f"heartbeat must be > 0 seconds, got {heartbeat_s}")
         self.heartbeat_s, self._written_at = float(heartbeat_s), time.monotonic()

@@ -11,6 +11,7 @@ import torch
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
 from ..engine.average import mix_models
 from ..engine.layers import is_bn_stats  # noqa: F401  (a helper of the strategies; the layout is the bank's)
+from ..engine.robust import RobustMixing
 
 if TYPE_CHECKING:  # only for annotations: the engine passes its local method to ``probe_uploads``
     from ..tta.base import LocalMethod
@@ -74,6 +75,12 @@ class Strategy(ABC):
     name: str = "base"
     needs: tuple = ()  # upload kinds it reads (``UPLOAD_KINDS``), picked by ``client_uploads``
     finetune_after_mix: bool = False
+    # robust mixing (``engine.robust``; set by ``set_robust_mixing``, which ``build.build_strategy_for`` calls with
+    # the config's ``robust_mixing``): None mixes by the weighted mean, bit for bit as without it
+    robust_mixing: Optional[RobustMixing] = None
+    # a class that overrides ``mix`` sets this when its ``mix`` goes through ``Strategy.mix`` or ``mean_state``
+    # (so it honours ``robust_mixing``); others are refused by ``set_robust_mixing``
+    robust_mixing_aware: bool = False
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -96,8 +103,23 @@ class Strategy(ABC):
         """Row-stochastic, non-negative W [N, N] for this step."""
 
     def mix(self, state: Dict[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
-        """Apply W to the shared state (override for server momentum); integer tensors are counters (``engine.average``)."""
-        return mix_models(state, weights)
+        """Apply W to the shared state (override for server momentum); integer tensors are counters (``engine.average``).
+
+        With ``robust_mixing`` set, row i is that robust statistic of the clients' values with row i of W as weights
+        (``engine.robust``; W itself is unchanged). A subclass that overrides ``mix`` honours it only by calling this
+        method (FedAvg with local statistics) or ``mean_state`` (FedAvgM, L-DAWA) and declaring
+        ``robust_mixing_aware = True``; ``set_robust_mixing`` refuses any other override."""
+        return mix_models(state, weights, self.robust_mixing)
+
+    def mean_state(self, state: Dict[str, torch.Tensor], row: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """One model [1, ...] from the clients' state [N, ...] with weights ``row`` [N] (a server's global model):
+        ``weighted_mean_state``, or with ``robust_mixing`` its robust statistic (integer tensors: the weighted mean)."""
+        if self.robust_mixing is None:
+            return weighted_mean_state(state, row)
+        floats = {k: v for k, v in state.items() if v.is_floating_point()}
+        robust = self.robust_mixing.mean(floats, row)
+        plain = weighted_mean_state({k: v for k, v in state.items() if k not in floats}, row)
+        return {k: robust[k] if k in robust else plain[k] for k in state}
 
     def after_mix(self, mixed: Dict[str, torch.Tensor], inputs: ServerInputs) -> None:
         """Observe the mixed state (strategies that keep the last global/personal models)."""
@@ -159,6 +181,19 @@ class Scheduled(ABC):
         ``uploads`` [S, N, ...] of the kinds in ``lookahead`` and the clients ``present`` [S, N] at each step;
         ``submit(fn, *args)`` runs ``fn`` on a server thread. A strategy that does this must still return, at each
         step, exactly the W it would compute without look-ahead (e.g. by checking its memory against the plan)."""
+
+
+def set_robust_mixing(strategy: Strategy, robust: Optional[RobustMixing]) -> Strategy:
+    """Run ``strategy`` with ``robust`` mixing (None: the weighted mean); returns it. A strategy whose class overrides
+    ``mix`` without declaring ``robust_mixing_aware`` (its ``mix`` would ignore the setting) raises ``ValueError``."""
+    if robust is not None:
+        definer = next(k for k in type(strategy).__mro__ if "mix" in vars(k))
+        if definer is not Strategy and not vars(definer).get("robust_mixing_aware", False):
+            raise ValueError(f"strategy {strategy.name!r} mixes by its own {definer.__qualname__}.mix, which does not "
+                             "go through Strategy.mix or mean_state: robust mixing cannot be applied to it (declare "
+                             "robust_mixing_aware = True in a mix that does)")
+    strategy.robust_mixing = robust
+    return strategy
 
 
 def client_regularizer(strategy: Strategy, bank: ClientBank, x: torch.Tensor) -> Optional[LossFn]:

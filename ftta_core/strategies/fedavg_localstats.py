@@ -20,6 +20,7 @@ class FedAvgLocalStats(FedAvg):
     """
 
     name = "fedavg_localstats"
+    robust_mixing_aware = True  # its mix is Strategy.mix (robust mixing of the parameters), statistics kept
 
     def mix(self, state: Dict[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
         mixed = super().mix(state, weights)

@@ -5,7 +5,7 @@ from typing import Dict, Optional
 
 import torch
 
-from .base import ServerInputs, StateDict, clone_state, is_bn_stats, weighted_mean_state
+from .base import ServerInputs, StateDict, clone_state, is_bn_stats
 from .basic import FedAvg
 from ..validation import check_choice
 
@@ -25,6 +25,7 @@ class FedAvgM(FedAvg):
     """
 
     name = "fedavgm"
+    robust_mixing_aware = True  # the average its momentum follows is ``mean_state`` (robust with robust mixing)
 
     def __init__(self, beta: float = 0.9, server_lr: float = 1.0, momentum_on: str = "all") -> None:
         if not 0.0 <= beta < 1.0:
@@ -50,7 +51,7 @@ class FedAvgM(FedAvg):
         valid = self._valid if self._valid is not None and len(self._valid) == n else torch.ones(n, dtype=torch.bool)
         if not bool(valid.any()):
             return clone_state(state)
-        avg = weighted_mean_state(state, weights[int(torch.nonzero(valid)[0])])  # a valid client's FedAvg row
+        avg = self.mean_state(state, weights[int(torch.nonzero(valid)[0])])  # a valid client's FedAvg row
         if self.global_model is None or set(self.global_model) != set(avg):
             self.global_model = avg
             self.momentum = {k: torch.zeros_like(v) for k, v in avg.items()}

@@ -42,6 +42,7 @@ class LDAWA(Strategy):
     """
 
     name = "ldawa"
+    robust_mixing_aware = True  # each layer's global value is ``mean_state`` (robust with robust mixing)
 
     def __init__(self, reference: str = "previous", normalize: bool = True, bn_stats: str = "fedavg") -> None:
         check_choice("reference", reference, REFERENCES)
@@ -76,7 +77,7 @@ class LDAWA(Strategy):
         if per_layer is None or set(per_layer) != set(state):  # called without collaboration: use W's first row
             per_layer = {k: weights[0].double().cpu() for k in state}
         self._weights = None
-        new_global = {k: weighted_mean_state({k: v}, per_layer[k])[k] for k, v in state.items()}
+        new_global = {k: self.mean_state({k: v}, per_layer[k])[k] for k, v in state.items()}
         self.global_model = new_global
         return {k: v.expand_as(state[k]).clone() for k, v in new_global.items()}
 
