@@ -1,28 +1,32 @@
 # ftta: two commands for a new user (each creates .venv and installs what it needs on first use)
 #   make quickstart   run the main job: a small federated TTA experiment on the embedded digits
 #   make test         run the whole test suite (unit tests + notebooks in smoke mode, validated with nbval)
-# and `make lab`: JupyterLab on the project's kernel, opening notebooks/ (README "Open the notebooks")
+# and `make lab`: JupyterLab on the project's kernel, with the quickstart open (README "Open the notebooks")
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.ftta-installed
 # the extras of pyproject.toml installed into .venv (environment.yml installs the same; tests/test_lab.py checks)
-EXTRAS := notebooks,test,lab
+EXTRAS := notebooks,test,lab,docs
 # installed with --no-deps after the extras ([tool.ftta] no-deps in pyproject.toml says why): imagecorruptions ships
 # the frost textures and is never imported; its requirements (opencv-python, scikit-image) are ~90 MB nothing here
 # imports, and opencv-python 4.12 caps numpy<2.3, which would downgrade the venv's numpy
 NO_DEPS := imagecorruptions==1.1.2
-# `make lab`: JupyterLab serving notebooks/ (notebooks run with it as their folder, as under papermill) with the
+# `make lab`: JupyterLab serving the repository (examples/, figures/, configs/ and the README in reach) with the
 # quickstart open, on the `python3` kernel the install step puts in .venv (the kernel name the notebooks use);
-# JUPYTER_PREFER_ENV_PATH=1: a user-level kernel named python3 cannot shadow it. More flags:
+# notebooks run with notebooks/ as their folder (the server starts each kernel in its notebook's folder), as under
+# papermill. JUPYTER_PREFER_ENV_PATH=1: a user-level kernel named python3 cannot shadow it.
+# .jupyter/jupyter_server_config.py: jupytext pairs each notebook with its source notebooks/NN_name.py (hidden in the
+# file browser) and opening then saving a notebook rewrites no byte (tests/test_lab_roundtrip.py); jupytext.toml.
+# More flags:
 #   make lab LAB_ARGS="--no-browser --port 8899"
-LAB_FLAGS := --ServerApp.root_dir=notebooks --MappingKernelManager.default_kernel_name=python3 \
-	--LabApp.default_url=/lab/tree/00_quickstart.ipynb
+LAB_FLAGS := --config=.jupyter/jupyter_server_config.py --ServerApp.root_dir=. \
+	--MappingKernelManager.default_kernel_name=python3 --LabApp.default_url=/lab/tree/notebooks/00_quickstart.ipynb
 LAB_ARGS ?=
 # Jupyter refuses to run as root unless told (containers often run as root)
 LAB_ROOT = $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 
-.PHONY: install quickstart test test-fast lab notebooks figures paper-runs clean
+.PHONY: install quickstart test test-fast lab notebooks figures paper-runs clean docs docs-screenshots
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +38,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# JupyterLab from .venv (installed with the `lab` extra by the install step above), serving notebooks/
+# JupyterLab from .venv (installed with the `lab` extra by the install step above), serving the repository
 lab: $(STAMP)
 	JUPYTER_PREFER_ENV_PATH=1 $(PY) -m jupyterlab $(LAB_FLAGS) $(LAB_ROOT) $(LAB_ARGS)
 
-# executed notebook and its figure under runs/quickstart/ (runs/quickstart/figures/quickstart_collaboration.png)
+# executed notebook and its figure under runs/quickstart/ (runs/quickstart/figures/quickstart_collaboration.png);
+# a progress line per stage on stderr (install; then, from the runner: the notebook, each run, data decoded on first
+# use, the figure)
 quickstart: $(STAMP)
+	@echo "install: done ($(VENV) is up to date with pyproject.toml)" >&2
 	$(PY) -m ftta_core notebooks 00_quickstart --out-dir runs/quickstart --show
 
 test: $(STAMP)
@@ -77,5 +84,18 @@ paper-runs: $(STAMP)
 	$(PY) -m ftta_core case-study --tta bn --out figures/case_study/cifar10_bn
 	$(PY) -m ftta_core notebooks 10_fedtsa 11_fedtsa_ablations 12_fedtsa_collaboration --in-place
 
+# the workbook as a static site in site/ (mkdocs.yml; the `docs` extra, installed by the install step because
+# tests/test_docs_site.py builds it in `make test`): the README, docs/*.md and the committed notebooks as executed (not
+# run again); --strict fails on a broken link between pages, then docs/site_links.py checks every internal link and
+# image of the built HTML and lists the external links (not fetched)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet --site-dir site
+	$(PY) docs/site_links.py site
+
+# the built site's landing page and notebook 10 in headless Chromium (apt-get install chromium; CI does not need it):
+# docs/screenshots/site_landing.png, docs/screenshots/site_notebook_10.png
+docs-screenshots: docs
+	$(PY) docs/site_screenshots.py --site site --out docs/screenshots
+
 clean:
-	rm -rf runs build .pytest_cache
+	rm -rf runs build site .pytest_cache

@@ -2,11 +2,13 @@
 
     .venv/bin/python docs/explorer_screenshot.py --out figures/explorer_jupyterlab.png
 
-Starts JupyterLab as ``make lab`` does (127.0.0.1, a token, the project's python3 kernel; Jupyter's config and runtime
-folders in a temporary directory) on a notebook holding notebook 12's explorer cell, and headless Chromium
-(``apt-get install chromium``) with its DevTools protocol on a local port. Over that protocol (tornado's websocket
-client, installed with Jupyter) it runs the notebook's cells, moves the step slider with the keyboard
-(``--presses`` x ArrowRight) and captures the page. Both processes are stopped at the end.
+Starts JupyterLab on the repository (127.0.0.1, a token, the project's python3 kernel; Jupyter's config and runtime
+folders in a temporary directory, with autosave off so nothing is written) on the repository's
+``examples/explorer.ipynb`` (the explorer cell of notebooks 12 and 90 on the stored case-study runs, paths relative
+to ``examples/``), and headless Chromium (``apt-get install chromium``) with its DevTools protocol on a local port.
+Over that protocol (tornado's websocket client, installed with Jupyter) it runs the notebook's cells, moves the step
+slider with the keyboard (``--presses`` x ArrowRight) and captures the page. Both processes are stopped at the end,
+and the script fails if the notebook's bytes changed.
 """
 from __future__ import annotations
 
@@ -27,13 +29,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "explorer-screenshot"
-CELL = """from pathlib import Path
-
-from ftta_core.explorer import explore, find_runs
-
-results_dir = {results_dir!r}
-explorer_runs = find_runs(Path(results_dir).parent)  # every stored case-study run with W
-view = explore(explorer_runs, run=Path(results_dir) / "fedtsa", step={step})"""
+NOTEBOOK = Path("examples") / "explorer.ipynb"  # relative to the repository, which JupyterLab serves
+# JupyterLab user settings: no autosave, so running the notebook in the page writes nothing to the repository
+SETTINGS = {"@jupyterlab/docmanager-extension/plugin": {"autosave": False}}
 
 
 def free_port() -> int:
@@ -89,7 +87,6 @@ async def drive(debug_port: int, url: str, out: Path, presses: int) -> str:
     await until("!!(window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell'))", 120)
     await asyncio.sleep(5)  # the kernel starts
     await js("jupyterapp.commands.execute('notebook:run-all-cells').then(() => true)")
-    await js("jupyterapp.commands.execute('application:toggle-left-area')")
     await until("!!document.querySelector('.widget-image')", 180)
     await js("[...document.querySelectorAll('button')].filter(b => b.textContent.trim() == 'No').map(b => b.click())")
     await js("document.querySelector('.widget-slider .noUi-handle').focus()")
@@ -115,26 +112,28 @@ def stop(proc: subprocess.Popen) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=REPO / "figures" / "explorer_jupyterlab.png")
-    p.add_argument("--results-dir", default=str(REPO / "figures" / "case_study" / "cifar10_bn"))
-    p.add_argument("--step", type=int, default=375)
+    p.add_argument("--notebook", type=Path, default=NOTEBOOK, help="relative to the repository")
     p.add_argument("--presses", type=int, default=50)
     p.add_argument("--chromium", default=shutil.which("chromium") or shutil.which("chromium-browser"))
     args = p.parse_args()
     if not args.chromium:
         raise SystemExit("no chromium found (apt-get install chromium)")
-    import nbformat
+    import hashlib
 
+    notebook = REPO / args.notebook
+    before = hashlib.sha256(notebook.read_bytes()).hexdigest()
     work = Path(tempfile.mkdtemp(prefix="explorer-shot-"))
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("## Explore W yourself"),
-                nbformat.v4.new_code_cell(CELL.format(results_dir=args.results_dir, step=args.step))]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, str(work / "explorer.ipynb"))
+    for plugin, values in SETTINGS.items():
+        path = work / "config" / "lab" / "user-settings" / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
     lab_port, debug_port = free_port(), free_port()
     env = {**os.environ, "JUPYTER_PREFER_ENV_PATH": "1", "JUPYTER_CONFIG_DIR": str(work / "config"),
-           "JUPYTER_RUNTIME_DIR": str(work / "runtime")}
+           "JUPYTER_RUNTIME_DIR": str(work / "runtime"),
+           "JUPYTERLAB_SETTINGS_DIR": str(work / "config" / "lab" / "user-settings"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(work / "workspaces")}
     root = ["--allow-root"] if os.geteuid() == 0 else []
-    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={work}", "--no-browser",
+    lab = subprocess.Popen([sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={REPO}", "--no-browser",
                             "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={lab_port}",
                             f"--IdentityProvider.token={TOKEN}", "--LabApp.expose_app_in_browser=True",
                             "--MappingKernelManager.default_kernel_name=python3", *root],
@@ -144,13 +143,15 @@ def main() -> int:
                                "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(f"http://127.0.0.1:{lab_port}/api/status?token={TOKEN}")
-        url = f"http://127.0.0.1:{lab_port}/lab/tree/explorer.ipynb?token={TOKEN}"
+        url = f"http://127.0.0.1:{lab_port}/lab/tree/{args.notebook.as_posix()}?token={TOKEN}"
         readout = asyncio.run(drive(debug_port, url, args.out, args.presses))
         print(f"saved {args.out} (step slider at {readout})")
     finally:
         stop(chrome)
         stop(lab)
         shutil.rmtree(work, ignore_errors=True)
+    if hashlib.sha256(notebook.read_bytes()).hexdigest() != before:
+        raise SystemExit(f"{args.notebook} changed while it was open: autosave was not off")
     return 0
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from . import stats
 from .experiment import ExperimentConfig
+from .paper import METHOD_LABELS
 from .workbook import strategy_comparison
 
 # the settings each local method runs with on the leaderboard (its reference defaults otherwise); TTA-grad with
@@ -128,10 +129,44 @@ def leaderboard_reading(table: pd.DataFrame, gains: pd.DataFrame, n_locals: int,
     return "\n\n".join(text)
 
 
-def leaderboard_heatmap(table: pd.DataFrame, ax=None, title: str = "", rows: Sequence[str] = (),
-                        columns: Sequence[str] = ()):
-    """Heatmap of mean accuracy (rows: local methods, columns: strategies), annotated 'mean ± ci95'; rows and
-    columns named but not run are drawn hatched ('not run'). Drawn by ``plots.leaderboard_heatmap``."""
+# readable names of the board's local methods (rows) and strategies (columns) in its figures
+LOCAL_LABELS: Dict[str, str] = {"bn": "BN-adapt (TTA-bn)", "tent": "Tent (TTA-grad)", "eata": "EATA",
+                                "cotta": "CoTTA", "rotta": "RoTTA", "roid": "ROID", "bbn": "BBN"}
+STRATEGY_LABELS: Dict[str, str] = {**METHOD_LABELS, "pfedbbn": "pFedBBN"}
+
+
+def cell_seeds(grid: pd.DataFrame) -> Dict[Any, tuple]:
+    """(local, strategy) -> the seeds stored for that cell of a ``run_leaderboard`` grid."""
+    return {key: tuple(sorted(int(s) for s in g["seed"].unique())) for key, g in grid.groupby(["local", "strategy"])}
+
+
+def leaderboard_heatmap(table: pd.DataFrame, ax: Any = None, title: str = "", rows: Sequence[str] = (),
+                        columns: Sequence[str] = (), grid: Optional[pd.DataFrame] = None) -> Any:
+    """Heatmap of mean accuracy (rows: local methods, columns: strategies, readable names), each cell annotated
+    'mean ± ci95' and its seed count; rows and columns named but never run are left out and named under it, on
+    one unclipped colour scale. ``grid`` (the ``run_leaderboard`` rows of ``table``): the seeds behind every count
+    are named too. Drawn by ``plots.leaderboard_heatmap``."""
     from .plots import leaderboard_heatmap as draw
 
-    return draw(table, ax=ax, title=title, rows=rows, columns=columns)
+    return draw(table, ax=ax, title=title, rows=rows, columns=columns,
+                seed_ids=cell_seeds(grid) if grid is not None and len(grid) else None,
+                row_labels=LOCAL_LABELS, column_labels=STRATEGY_LABELS)
+
+
+def participation_figure(rates: pd.DataFrame, ax: Any = None, title: str = "") -> Any:
+    """Accuracy against the participation rate p, one line per strategy (readable names, ``style.DISTINCT``
+    colours and markers), with 95 % t intervals where a point has several seeds and the seeds of every point
+    stated (``style.interval_lines``). ``rates``: ``run_strategy_grid`` rows with a ``participation`` column.
+    Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    from . import style
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")
+    style.interval_lines(ax, rates, "participation", "accuracy", hue="variant", labels=STRATEGY_LABELS,
+                         key_title="strategy")
+    ax.set(xlabel="participation rate p (share of clients reporting at a step)", ylabel="accuracy (%)",
+           title=title or "Accuracy when only some clients report each step (TTA-bn)")
+    ax.set_xticks(sorted(rates["participation"].unique()))
+    return ax

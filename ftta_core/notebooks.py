@@ -10,6 +10,10 @@ Where a run writes (``python -m ftta_core notebooks``):
 * with ``in_place=True`` (``--in-place``) into the committed ``notebooks/*.ipynb`` and ``figures/``: each notebook is
   executed into a staging copy first and replaces the committed one (atomically) only when execution succeeded.
   Smoke runs are refused: smoke outputs must never land in tracked notebooks.
+
+Anywhere else (a JupyterLab kernel, plain papermill) a notebook writes no committed figure either: each notebook passes
+its output folders through ``output_folder``, which keeps a folder under ``figures/`` only in the kernels of an
+``--in-place`` run (``IN_PLACE_ENV``) and otherwise sends it to ``runs/notebooks/<notebook>/figures/<sub>``.
 """
 from __future__ import annotations
 
@@ -19,9 +23,10 @@ import logging
 import os
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
-from .progress import PROGRESS_ENV, papermill_progress
+from .progress import (PROGRESS_ENV, PROGRESS_FILE_ENV, papermill_progress, progress_line, progress_wanted,
+                       relay_progress)
 
 REPO_DIR = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_DIR / "notebooks"
@@ -42,6 +47,12 @@ FRONTEND_ENV = "JPY_SESSION_NAME"
 # never passed to a kernel: with it (e.g. MPLBACKEND=Agg from a test shell) a notebook draws its figures to files only
 # and its executed copy shows none inline
 KERNEL_DROPPED_ENV = ("MPLBACKEND",)
+
+# what the runner reports as a figure a notebook wrote (``written_figures``)
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".gif")
+
+# set to "1" in the kernels of an --in-place run only: there, and only there, a notebook writes into figures/
+IN_PLACE_ENV = "FTTA_IN_PLACE"
 
 IN_PLACE_SMOKE_REFUSED = ("--in-place refuses a smoke run (--smoke, -p smoke=True or FTTA_SMOKE=1): smoke outputs "
                           "must never land in the tracked notebooks")
@@ -131,15 +142,38 @@ def redirected_outputs(path: Path, out_dir: Path) -> Dict[str, str]:
             for name, default in _output_folders(path).items()}
 
 
+def _link_store(source: Path, link: Path) -> None:
+    """``link`` -> ``source`` (a committed store of runs), when ``source`` exists and ``link`` does not yet."""
+    if source.is_dir() and not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(source, target_is_directory=True)
+
+
 def _link_stores(path: Path, redirected: Dict[str, str]) -> None:
     """Link the stored-run sub-folders of redirected output folders back to the committed stores."""
     defaults = _output_folders(path)
     for name, stores in output_parameters(path).items():
         for store in stores if name in redirected else ():
-            source, link = (NOTEBOOK_DIR / defaults[name] / store).resolve(), Path(redirected[name]) / store
-            if source.is_dir() and not link.exists():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                link.symlink_to(source, target_is_directory=True)
+            _link_store((NOTEBOOK_DIR / defaults[name] / store).resolve(), Path(redirected[name]) / store)
+
+
+def output_folder(folder: Union[str, Path], notebook: str, parameter: str = "figure_dir") -> Path:
+    """Where a notebook writes the figures and tables of its output parameter ``parameter`` (``figure_dir``, ...),
+    whose value is ``folder``: ``folder`` itself, unless it lies under the committed ``figures/`` and this kernel is
+    not one of an ``--in-place`` run (``make figures``): then ``runs/notebooks/<notebook>/figures/<sub>`` (what an
+    interactive JupyterLab kernel or plain papermill writes; never over a committed figure). Stored-run sub-folders
+    of the parameter (``NOTEBOOK_OUTPUT_PARAMETERS``) are linked back to the committed stores, as the runner does."""
+    path = Path(folder)
+    try:
+        sub = path.resolve().relative_to((NOTEBOOK_DIR.parent / "figures").resolve())
+    except ValueError:  # a run folder the runner passed, a temporary folder: written as given
+        return path
+    if os.environ.get(IN_PLACE_ENV) == "1":
+        return path
+    out = DEFAULT_OUT_ROOT / notebook / "figures" / sub
+    for store in output_parameters(Path(notebook)).get(parameter, ()):
+        _link_store(path.resolve() / store, out / store)
+    return out
 
 
 def default_out_dir(smoke: bool) -> Path:
@@ -166,7 +200,9 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
     execution raises ``NotebookFailed`` (from papermill's error) and leaves its partial copy in the output folder
     (with ``in_place``: the staging folder ``runs/notebooks/<stamp>-in-place/``).
     ``progress``: papermill's bar over each notebook's cells on stderr (``progress.progress_wanted``: quiet in logs
-    and with ``FTTA_PROGRESS=0``).
+    and with ``FTTA_PROGRESS=0``) and progress lines: one per notebook, the lines its kernel writes (runs, data
+    decoded on first use; ``progress.relay_progress``) and one per figure it wrote (``written_figures``), with paths
+    relative to the repository root (``repository_path``).
     """
     import papermill as pm
 
@@ -188,7 +224,7 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
 
     paths = notebook_paths(names)
     done = []
-    for path in paths:
+    for number, path in enumerate(paths, 1):
         nb_params = dict(params)
         if not in_place:
             redirected = {k: v for k, v in redirected_outputs(path, out).items() if k not in params}
@@ -197,8 +233,15 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
         target = out / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         source = input_notebook(path, out)
+        shown = progress_wanted(progress)
+        lines = out / f".{path.stem}.progress" if shown else None  # the kernel's progress lines, relayed
+        writes = _shown_path(path if in_place else target)
+        progress_line(f"notebook {number} of {len(paths)}: {path.stem} -> {writes}", progress)
+        figures_before = figure_files(out) if shown else {}
         try:
-            with kernel_environment():
+            kernel_env = {**({PROGRESS_FILE_ENV: str(lines.resolve())} if lines else {}),
+                          **({IN_PLACE_ENV: "1"} if in_place else {})}
+            with kernel_environment(kernel_env), relay_progress(lines):
                 pm.execute_notebook(str(source), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
                                     kernel_name="python3", progress_bar=papermill_progress(path.stem, progress),
                                     config=kernel_config())
@@ -207,6 +250,10 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
         finally:
             if source != path:
                 source.unlink(missing_ok=True)
+            if lines is not None:
+                lines.unlink(missing_ok=True)
+        for figure in written_figures(figures_before, out) if shown else ():
+            progress_line(f"figure: {_shown_path(figure)}", progress)
         if in_place:
             _replace_atomically(target, path)
             target.unlink()  # the staging copy is only kept when execution failed
@@ -219,12 +266,47 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
     return done
 
 
+def repository_path(path: Path) -> str:
+    """``path`` relative to the repository root (the folder above ``notebooks/``) when it lies inside it, else
+    absolute."""
+    path, root = Path(path).resolve(), NOTEBOOK_DIR.parent.resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` as the runner's progress lines print it: ``repository_path``, saying so when it is relative."""
+    shown = repository_path(path)
+    return shown if Path(shown).is_absolute() else f"{shown} (relative to the repository root)"
+
+
+def figure_files(out: Path) -> Dict[Path, int]:
+    """``{file: mtime_ns}`` of the figure files (``FIGURE_SUFFIXES``) where notebooks write them: the repository's
+    ``figures/`` and ``runs/`` (``runs/smoke`` in smoke mode) and the output folder ``out``."""
+    root = NOTEBOOK_DIR.parent
+    found: Dict[Path, int] = {}
+    for folder in dict.fromkeys(p.resolve() for p in (root / "figures", root / "runs", Path(out))):
+        for parent, _, files in os.walk(folder):
+            for name in files:
+                if name.lower().endswith(FIGURE_SUFFIXES):
+                    with contextlib.suppress(OSError):
+                        found[Path(parent, name)] = os.stat(Path(parent, name)).st_mtime_ns
+    return found
+
+
+def written_figures(before: Mapping[Path, int], out: Path) -> List[Path]:
+    """The figure files new or rewritten since ``before`` (``figure_files``), sorted."""
+    return sorted(p for p, mtime in figure_files(out).items() if before.get(p) != mtime)
+
+
 @contextlib.contextmanager
-def kernel_environment() -> Iterator[None]:
+def kernel_environment(extra: Optional[Mapping[str, str]] = None) -> Iterator[None]:
     """``os.environ`` as the notebooks' kernels inherit it while papermill starts them (restored afterwards):
-    ``KERNEL_ENV`` (a value the user set wins), no ``FRONTEND_ENV`` and no ``KERNEL_DROPPED_ENV`` (figures inline)."""
+    ``KERNEL_ENV`` (a value the user set wins) and ``extra``, no ``FRONTEND_ENV`` and no ``KERNEL_DROPPED_ENV``
+    (figures inline)."""
     saved = dict(os.environ)
+    os.environ.pop(IN_PLACE_ENV, None)  # an --in-place run passes it in ``extra``; never inherited from the shell
     os.environ.update({k: v for k, v in KERNEL_ENV.items() if k not in saved})
+    os.environ.update(extra or {})
     for name in (FRONTEND_ENV, *KERNEL_DROPPED_ENV):
         os.environ.pop(name, None)
     try:
@@ -255,7 +337,9 @@ def read_source(path: Path) -> Any:
     import jupytext
 
     nb = jupytext.read(str(source_path(path)), fmt="py:percent")
-    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3", "language": "python"})
+    # the kernel `make install` puts in .venv (`ipykernel install --sys-prefix --name python3`) under its own name
+    nb.metadata.setdefault("kernelspec", {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                          "language": "python"})
     return nb
 
 
@@ -266,8 +350,11 @@ def input_notebook(path: Path, out: Path) -> Path:
 
     if not source_path(path).exists():
         return Path(path)
+    nb = read_source(path)
+    # as jupytext writes a paired .ipynb (JupyterLab's save): the text_representation belongs to the .py only
+    nb.metadata.get("jupytext", {}).pop("text_representation", None)
     staged = Path(out) / f".{Path(path).stem}.input.ipynb"
-    nbformat.write(read_source(path), str(staged))
+    nbformat.write(nb, str(staged))
     return staged
 
 

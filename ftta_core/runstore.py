@@ -451,6 +451,9 @@ def rerun_stale() -> bool:
 
 
 _WARNED: Set[str] = set()
+# what ``read_summary`` logs for a stale stored run (path, what changed, ``RERUN_STALE_ENV``): the warning a notebook
+# shows exactly for the runs ``python -m ftta_core runs`` calls stale (tests/test_notebook_outputs.py)
+STALE_RUN_WARNING = "stored run %s was made by code that has changed since (%s); set %s=1 to run it again"
 
 
 def read_summary(path: Path | str) -> Dict[str, Any]:
@@ -469,8 +472,7 @@ def read_summary(path: Path | str) -> Dict[str, Any]:
     if changed and str(path) not in _WARNED:
         _WARNED.add(str(path))
         shown = ", ".join(c.replace(PACKAGE + ".", "") for c in changed[:4]) + (" ..." if len(changed) > 4 else "")
-        log.warning("stored run %s was made by code that has changed since (%s); set %s=1 to run it again",
-                    path, shown, RERUN_STALE_ENV)
+        log.warning(STALE_RUN_WARNING, path, shown, RERUN_STALE_ENV)
     return summary
 
 

@@ -12,6 +12,7 @@ import torch
 
 from .data.base import ImageArray
 from .data.cache import load_checked, save_checked
+from .progress import progress_line, progress_task
 from .rng import derive_seed
 from .scenarios import Scenario
 
@@ -67,12 +68,16 @@ class CorruptedDomains:
         return Path(self.cache_dir) / f"{self.base.name.replace('/', '_')}_{len(self.base)}_{digest}_{name}_s{self.severity}_seed{self.seed}.npy"
 
     def _generate(self, name: str) -> np.ndarray:
+        """Domain ``name``'s images, corrupted chunk by chunk (counted in progress lines: ``progress_task``)."""
         from .corruptions import corrupt_uint8
 
         out = np.empty_like(self.base.images)
-        for start in range(0, len(self.base), self.chunk):
-            idx = np.arange(start, min(start + self.chunk, len(self.base)))
-            out[idx] = corrupt_uint8(self.base.images[idx], name, self.severity, self.image_seeds(name, idx))
+        what = f"data: {self.base.name} under {name}, severity {self.severity}: corrupting (cached after)"
+        with progress_task(what, total=len(self.base), unit="image") as count:
+            for start in range(0, len(self.base), self.chunk):
+                idx = np.arange(start, min(start + self.chunk, len(self.base)))
+                out[idx] = corrupt_uint8(self.base.images[idx], name, self.severity, self.image_seeds(name, idx))
+                count.update(len(idx))
         return out
 
     def domain_images(self, domain: int) -> np.ndarray:
@@ -92,6 +97,7 @@ class CorruptedDomains:
         if path is not None:
             arr = load_checked(path, self.base.images.shape, self.base.images.dtype)
             if arr is not None:
+                progress_line(f"data: {self.base.name}: corrupted images read from the cache", once=True)
                 return arr
         arr = self._generate(name)
         if path is not None:

@@ -2,11 +2,13 @@
 
 What ``show`` does to a results table: columns that belong together (``mean``/``std``/``runs``, ``ours_mean``/
 ``ours_std``/``seeds``, ``X``/``X sd``, ``mean``/``ci95``/``seeds``) become one "mean ± std (n)" column, missing
-values read "–", the best value of each compared column is bold, column names lose their underscores, and every row
-is shown. Its plain-text form (papermill logs, terminals) is the same table as text, best cells marked ``*``.
+values read "–", the best value of each compared column is bold (``<b>`` in its cell: it survives an untrusted
+notebook), column names lose their underscores, and every row is shown. Its plain-text form (papermill logs,
+terminals) is the same table as text, best cells marked ``*``.
 """
 from __future__ import annotations
 
+import html
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -32,6 +34,14 @@ def mean_std_text(mean: Any, std: Any = None, n: Any = None, digits: int = 2) ->
     if n is not None and not pd.isna(n):
         text += f" ({int(n)})"
     return text
+
+
+def blank_missing(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its missing cells empty (``""``), as ``fillna("")`` gave before pandas 3 deprecated filling a
+    numeric column with a string (``Pandas4Warning``; an error in pandas 4): the numeric columns that have missing
+    cells become object columns first, the others keep their dtype."""
+    numeric = [c for c in table.columns[table.isna().any()] if pd.api.types.is_numeric_dtype(table[c])]
+    return table.astype({c: object for c in numeric}).fillna("")
 
 
 def readable(name: Any) -> str:
@@ -141,6 +151,18 @@ def cells(table: Union[pd.DataFrame, pd.Series], digits: int = 2) -> Tuple[pd.Da
     return shown, pd.DataFrame(numbers, index=frame.index)
 
 
+def _bold_inline(styled: Styler, mask: pd.DataFrame) -> None:
+    """Cell and header text HTML-escaped, and the cells of ``mask`` wrapped in ``<b>``, so the emphasis is in the
+    table itself: the Styler's own ``font-weight`` rules sit in a ``<style>`` block, which JupyterLab's sanitizer
+    removes from the outputs of an untrusted notebook (one the reader has not run or trusted; ``<style>`` is not among
+    its allowed tags, ``<b>`` is: packages/apputils/src/sanitizer.ts; tests/test_lab_roundtrip.py)."""
+    styled.format(escape="html").format_index(escape="html", axis=0).format_index(escape="html", axis=1)
+    for j, column in enumerate(mask.columns):
+        rows = mask.iloc[:, j].to_numpy(dtype=bool)
+        if rows.any():
+            styled.format(lambda v: f"<b>{html.escape(str(v))}</b>", subset=(rows, [column]))
+
+
 def show(table: Union[pd.DataFrame, pd.Series], digits: int = 2, best: BestRule = "max",
          best_columns: Optional[Sequence[str]] = None, caption: str = "") -> Table:
     """``table`` as a styled, fully shown table (see the module docstring). ``best``: 'max', 'min', None, or a
@@ -156,6 +178,7 @@ def show(table: Union[pd.DataFrame, pd.Series], digits: int = 2, best: BestRule 
         text = f"{caption}\n{text}"
     styled = Table(shown, text)
     styled.apply(lambda _: np.where(mask.values, "font-weight: bold", ""), axis=None)
+    _bold_inline(styled, mask)
     styled.set_properties(**{"text-align": "right"})
     if caption:
         styled.set_caption(caption)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment
 from .plan import REPO_DIR, add_to_plan, plan_file
-from .progress import progress_bar, progress_wanted
+from .progress import progress_bar, progress_line, progress_wanted
 from .runstore import atomic_write, atomic_write_text, read_summary, stale_modules, store_summary, usable
 from .scenarios import CASE_STUDY_GROUPS
 
@@ -96,10 +96,11 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
     Table 1 runs that an ablation grid's default variant equals.
     With ``keep`` the full ``Results`` of each run are attached as ``grid.attrs['results'][(name, seed)]``.
     With ``only_cached`` nothing runs: the table holds the runs already stored.
+    Each run that starts says so in a progress line (``progress.progress_line``: the notebook runner's terminal).
     """
     rows, kept = [], {}
     jobs = [(name, seed) for name in variants for seed in seeds]
-    for name, seed in progress_bar(jobs, desc="runs", requested=progress):
+    for number, (name, seed) in enumerate(progress_bar(jobs, desc="runs", requested=progress), 1):
         cfg = dataclasses.replace(base, **dict(variants[name]), seed=seed)
         path = Path(results_dir) / f"{config_key(cfg)}.json" if results_dir is not None else None
         found = stored_path(cfg, results_dir, also_read)
@@ -111,6 +112,7 @@ def run_grid(base: ExperimentConfig, variants: Mapping[str, Mapping[str, Any]], 
             add_to_plan(cfg.to_dict(), results_dir)
             continue
         else:
+            progress_line(f"run {number} of {len(jobs)}: {name}, seed {seed} ...", progress)
             partial = partial_dir(cfg) if path is not None else None  # resumable while it runs
             res = run_experiment(cfg) if partial is None else resumable_run(cfg, partial)
             summary = grid_summary(res, cfg)
@@ -135,7 +137,7 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
 
     rows = []
     bar = progress_bar(total=len(strategies) * len(seeds), desc="runs", requested=progress)
-    for seed in seeds:
+    for number, seed in enumerate(seeds, 1):
         cfgs = {s: dataclasses.replace(base, strategy=s, strategy_params={}, seed=seed) for s in strategies}
         paths = {s: Path(results_dir) / f"{config_key(c)}.json" if results_dir is not None else None
                  for s, c in cfgs.items()}
@@ -144,6 +146,9 @@ def run_strategy_grid(base: ExperimentConfig, strategies: Sequence[str], seeds: 
         if missing and results_dir is not None and plan_file() is not None and not only_cached:
             add_to_plan(cfgs[missing[0]].to_dict(), results_dir, missing)  # planning: record the pass, run nothing
             missing = []
+        if missing and not only_cached:
+            progress_line(f"runs of seed {seed} ({number} of {len(seeds)} seeds): {', '.join(missing)} in one pass ...",
+                          progress)
         fresh = {} if (only_cached or not missing) else run_strategies(cfgs[missing[0]], missing,
                                                                         progress=progress_wanted(progress))
         for s in strategies:

@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -45,12 +46,12 @@ import pandas as pd
 
 from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, repository_path, smoke_mode
 from ftta_core.workbook import mean_std, run_grid
 
 style.use()
 smoke = smoke_mode(smoke)
-figure_dir = Path("../runs/smoke" if smoke else figure_dir)
+figure_dir = Path("../runs/smoke") if smoke else output_folder(figure_dir, "00_quickstart")  # ../figures: --in-place
 figure_dir.mkdir(parents=True, exist_ok=True)
 base = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", corruptions=corruptions, severity=5,
                         clients=clients, batch_size=10, images_per_client=100, sh=0.5, th=0.1,
@@ -88,7 +89,7 @@ for s in strategies:
 style.legend_outside(acc_ax, title="strategy")
 acc_ax.set_title("accuracy after mixing, per slot (each slot: a new corruption per cluster)")
 fig.savefig(figure_dir / "quickstart_collaboration.png", dpi=110)
-print("figure:", figure_dir / "quickstart_collaboration.png", "(relative to notebooks/)")
+print("figure:", repository_path(figure_dir / "quickstart_collaboration.png"), "(relative to the repository)")
 
 # %% [markdown]
 # ## What this shows

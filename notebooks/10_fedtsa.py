@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -58,13 +59,14 @@ import torch
 from ftta_core import plots, style, tables
 from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 
 style.use()
 smoke = smoke_mode(smoke)
+figure_dir = output_folder(figure_dir, "10_fedtsa")  # ../figures only when run --in-place
 if smoke:  # a smoke run never writes into the committed figures
     import tempfile
 
@@ -248,9 +250,8 @@ display(Markdown(adaptation_reading(adaptation)))
 # Local). A step counts only where a model other than the shipped one has runs at it.
 
 # %%
-from ftta_core.fedtsa.source_regime import (LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading,
-                                             seeds_text, step_label, stored_by_step)
-from ftta_core.paper import TTA_SETTINGS
+from ftta_core.fedtsa.source_regime import (conclusions_by_model, conclusions_figure, conclusions_reading, seeds_text,
+                                             stored_by_step)
 
 model_steps = [("bn", None), ("grad-running-adam", None), *[("grad-running-adam", lr) for lr in step_sizes]]
 by_model = {"resnet8_cifar10": stored_by_step(results_dir, methods, all_seeds, model_steps)}
@@ -262,17 +263,8 @@ if len(model_conclusions):
     display(tables.show(model_conclusions.set_index(["tta", "setting", "method", "model"]), best=None))
 display(Markdown(conclusions_reading(model_conclusions, "resnet8_cifar10")))
 if len(model_conclusions):
-    step_names = {step_label(cell, lr): "TTA-bn" if cell == "bn" else "TTA-grad (running BN, Adam "
-                  f"{TTA_SETTINGS[cell]['local_params']['lr'] if lr is None else lr:g})" for cell, lr in model_steps}
-    in_step_order = model_conclusions.sort_values(
-        "tta", key=lambda t: t.map(list(step_names).index), kind="stable")
-    shown_gains = in_step_order.assign(tta=in_step_order.tta.map(step_names),
-                                       setting=in_step_order.setting.str.upper())
-    axes = plots.gains_by_panel(shown_gains, ["tta", "setting"], marker_hue=PAPER_T1_LABEL, tie=0.5, ncols=2,
-                                sort=False, x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"})
-    axes[0].figure.suptitle("Gain over Local per source model (mean ± sd over seeds, paired by seed; "
-                            "grey: a tie of ±0.5)")
-    axes[0].figure.savefig(Path(figure_dir) / "source_model_conclusions.png", bbox_inches="tight")
+    fig = conclusions_figure(model_conclusions, model_steps)
+    fig.savefig(Path(figure_dir) / "source_model_conclusions.png", bbox_inches="tight")
 for model, grid in by_model.items():
     if len(grid):
         src = grid.groupby("seed")["accuracy_source"].first()
@@ -355,9 +347,9 @@ if (steps.seeds > 0).sum() > 1:  # each source model with runs at two or more st
 # top of this section (batch BN, SGD 1e-4) stays as it was.
 
 # %%
-from ftta_core import fidelity, stats
+from ftta_core import fidelity
 from ftta_core.fidelity import strategy_gains, strategy_gains_reading
-from ftta_core.fedtsa.source_regime import PAPER_T1_LABEL
+from ftta_core.fedtsa.table1 import grad_drift_figure
 
 drift_cell = "grad-running-adam"
 drift_runs = stored_table1_runs(results_dir, methods, all_seeds, ttas=(drift_cell,), lr=drift_lr)
@@ -370,16 +362,8 @@ gains = strategy_gains(results_dir, step=(drift_cell, drift_lr))
 display(Markdown(strategy_gains_reading(gains)))
 ran = gains.dropna(subset=["ours"])
 if len(ran):
-    ours_label = f"ours (Adam {drift_lr:g})"
-    shown = pd.concat([ran.assign(numbers=ours_label, ci95=(ran["high"] - ran["low"]) / 2),
-                       ran.assign(numbers=PAPER_T1_LABEL, ours=ran["paper"], seeds=5, ci95=np.nan)])
-    shown = shown.rename(columns={"ours": "gain over Local"}).assign(setting=lambda d: d.setting.str.upper())
-    fig, axes = plt.subplots(2, 1, figsize=(style.MAX_WIDTH * 0.8, 6.5), sharey=True, layout="constrained")
-    plots.gains_by_panel(shown, ["setting"], hue="numbers", err="ci95", marker_hue=PAPER_T1_LABEL,
-                         tie=stats.MARGIN, axes=axes)
-    fig.suptitle(f"TTA-grad gain over Local, {drift_cell} at Adam {drift_lr:g} (post hoc cell)\n(mean and 95 % "
-                 f"interval over paired seeds; open: one seed; grey: the ±{stats.MARGIN:g} margin)")
-    axes[0].figure.savefig(Path(figure_dir) / "table1_grad_drift.png", bbox_inches="tight")
+    fig = grad_drift_figure(gains, drift_runs, drift_cell, drift_lr)
+    fig.savefig(Path(figure_dir) / "table1_grad_drift.png", bbox_inches="tight")
 
 # %% [markdown]
 # FedAvg+FT is FedAvg with one more adaptation step on the client's batch after mixing, before it predicts. What that

@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -78,7 +79,7 @@ from IPython.display import Markdown
 
 from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.training import source_model_line
 from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
 from ftta_core.stats import comparison, comparison_phrase, paired
@@ -87,6 +88,7 @@ from ftta_core.workbook import (common_seeds, heterogeneity_sweep, mean_std, ord
 
 style.use()
 smoke = smoke_mode(smoke)
+figure_dir = output_folder(figure_dir, "11_fedtsa_ablations")  # ../figures only when run --in-place
 compute = compute or smoke  # smoke mode runs its small grids in a temporary folder
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
@@ -150,9 +152,9 @@ if fig3.empty:
     print("no stored runs: set compute=True")
 else:
     display(tables.show(mean_std(fig3, by=["setting", "variant"])))
-    fig, ax = plt.subplots(figsize=(8, 3.8))
-    plots.method_comparison(fig3, x="setting", y="accuracy", hue="variant", ax=ax)
-    ax.set_title(f"FedTSA variants, TTA-{tta} (bars: mean, ±1 sd over n seeds)")
+    fig = plots.interval_dots(fig3.assign(setting=fig3.setting + " clients"), "variant", panel="setting",
+                              order=list(VARIANTS),
+                              title=f"FedTSA against its ablated variants (TTA-{tta}): accuracy after mixing")
     fig.savefig(Path(figure_dir) / f"fig3_variants_{tta}.png", dpi=120, bbox_inches="tight")
 
 # %%
@@ -187,15 +189,12 @@ def sweep(field, values, fixed):
 
 fig4_sh = sweep("sh", sh_values, {"th": 0.02})
 fig4_th = sweep("th", th_values, {"sh": 0.2})
-fig, axes = plt.subplots(1, 2, figsize=(style.MAX_WIDTH, 3.6), sharey=True)
-for ax, table, field in ((axes[0], fig4_sh, "sh"), (axes[1], fig4_th, "th")):
-    if table.empty:
-        continue
-    style.errorbar_lines(ax, table, field, "accuracy", hue="variant", labels=METHOD_LABELS)
-    ax.set(xlabel=field.upper(), ylabel="accuracy (%)", xscale="log" if field == "th" else "linear")
-axes[0].set_title("spatial heterogeneity (TH = 0.02)")
-axes[1].set_title("temporal heterogeneity (SH = 0.2)")
-style.legend_outside(axes[1], title="strategy (±1 sd; open: 1 seed)")
+fig = plots.sweep_figure([(fig4_sh, "sh", "clients differ more (TH = 0.02)"),
+                          (fig4_th, "th", "distributions change faster (SH = 0.2)")],
+                         labels=METHOD_LABELS, log_x=["th"],
+                         xlabels={"sh": "spatial heterogeneity SH (distributions / clients)",
+                                  "th": "temporal heterogeneity TH (changes per step)"},
+                         title=f"Robustness to heterogeneity (TTA-{tta}), as FedTSA's Fig 4")
 fig.savefig(Path(figure_dir) / f"fig4_robustness_{tta}.png", dpi=120, bbox_inches="tight")
 for table, field in ((fig4_sh, "sh"), (fig4_th, "th")):
     if not table.empty:

@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -115,12 +116,13 @@ import pandas as pd
 from ftta_core.training import source_model_line
 from ftta_core.pfedbbn import imbalance
 from ftta_core import plots, style, tables
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.paper import paper_table
 from ftta_core.workbook import per_domain_table, run_grid, stored_summaries
 
 style.use()
 smoke = smoke_mode(smoke)
+figure_dir = output_folder(figure_dir, "30_pfedbbn")  # ../figures only when run --in-place
 if smoke:
     base = imbalance.pfedbbn_config(dataset="embedded_digits", clients=10, batch_size=10, images_per_client=20,
                                     corruptions=["fog", "contrast", "frost", "glass_blur"], device="cpu", smoke=True)

@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -108,13 +109,14 @@ from ftta_core.fedicon.report import (ablation_table, beside_paper, budget_readi
                                       other_settings_reading, paired_verdict, paper_columns, shift_cost_reading,
                                       shift_table)
 from ftta_core.fedicon.study import ABLATION, ablation_name
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.runstore import atomic_write_text
 from ftta_core.workbook import markdown_table
 
 torch.set_num_threads(1)
 style.use()
 smoke = smoke_mode(smoke)
+results_dir = output_folder(results_dir, "40_fedicon", "results_dir")  # ../figures only when run --in-place
 if smoke:
     seeds, rounds, n_train, n_test, fig3_n_train = seeds[:1], 1, 32, 16, 32
     fig3_clients, fig3_epochs, run_office, run_cifar = fig3_clients[:2], fig3_epochs[:2], False, False
@@ -217,7 +219,7 @@ if budget_seeds:
     table1_budget["paper MNIST-M"] = paper1["MNIST-M"].reindex(table1_budget.index).round(2)
     table1_budget = table1_budget.join(pd.concat({k: t["mnistm"] for k, t in by_budget.items()}, axis=1)
                                        .add_prefix("MNIST-M, "))
-    display(tables.show(table1_budget.fillna("")))
+    display(tables.show(tables.blank_missing(table1_budget)))
     display(Markdown(budget_reading(both, paper_digits_means(digit_methods).to_dict())))
     if budget_components:
         table8_budget = ablation_table(rows_ablation).rename(columns={"ours": default_label})
@@ -408,8 +410,8 @@ if not smoke:
             "## Table 9 shape", "", markdown_table(table9), ""]
     if rows_budget is not None:
         body += [f"## Table 1 at a larger budget ({budget_label}; seeds {budget_seeds}; means, then MNIST-M)", "",
-                 markdown_table(table1_budget.fillna("")), "", budget_reading(both, paper_digits_means(digit_methods)
-                                                                              .to_dict()), ""]
+                 markdown_table(tables.blank_missing(table1_budget)), "",
+                 budget_reading(both, paper_digits_means(digit_methods).to_dict()), ""]
         if budget_components:
             body += ["## Tables 8 and 9 at both budgets (mean accuracy)", "", markdown_table(table8_budget), "",
                      markdown_table(table9_budget), "", components_reading(components), ""]

@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -81,17 +82,18 @@ from ftta_core.fedacross import (ClientSpec, PretrainSpec, build_model, load_fed
                                  untrained_fedacross)
 from ftta_core.fedacross.office import beside_paper, office_table
 from ftta_core.fedacross.client import EarlyStop
-from ftta_core.fedacross.study import (A2_VARIANTS, a2_reading, a2_settling, accuracy_vs_k, cifar10c_clients,
-                                       client_features, cost_table, fedacross_reading, new_client_benefit,
-                                       support_indices, tsne_points)
+from ftta_core.fedacross.study import (A2_VARIANTS, a2_reading, a2_settling, accuracy_vs_k, accuracy_vs_k_figure,
+                                       cifar10c_clients, client_features, cost_table, fedacross_reading,
+                                       new_client_benefit, support_indices, tsne_points)
 from ftta_core.flower import run_engine_on_flower, run_fedacross_on_flower
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.paper import paper_table
 from ftta_core.workbook import format_mean_std, mean_std, over_seeds
 
 torch.set_num_threads(1)
 style.use()
 smoke = smoke_mode(smoke)
+figures_dir = output_folder(figures_dir, "50_fedacross", "figures_dir")  # ../figures only when run --in-place
 if smoke:
     corruptions, n_stream, n_test, ks, client_epochs = corruptions[:2], 120, 100, [0, 3], 5
     new_client_steps, office_pairs, office_ks, office_epochs, tsne_images = [0, 2], {"webcam": ["dslr"]}, [0, 3], 1, 60
@@ -131,18 +133,9 @@ tables.show(covered, caption="classes present in the support set (mean over clie
 per_client = by_k[by_k.k > 0].pivot_table(index=["client", "k"], columns="selection", values="accuracy")
 spread = per_seed_k.pivot_table(index="k", columns="selection", values="accuracy", aggfunc="std")
 spread = spread.reindex_like(summary).fillna(0.0)  # one seed: no spread
-fig, ax = plt.subplots(figsize=(8, 3.8))
-adapted_k = per_seed_k[per_seed_k.k > 0]
-style.errorbar_lines(ax, adapted_k, "k", "accuracy", hue="selection")
-source_k = per_seed_k[per_seed_k.k == 0].groupby("seed").accuracy.mean()  # k = 0: the server's classifier g
-if len(source_k):
-    ax.axhline(source_k.mean(), color="k", ls="--", lw=1, label="server classifier g (k = 0, no adaptation)")
-ax.set(xlabel="k (labels per class of budget)", ylabel="test accuracy (%)",
-       title=f"CIFAR-10 -> CIFAR-10-C clients (±1 sd over {len(seeds)} seed(s); open: 1 seed)")
-ax.set_xticks(sorted(adapted_k.k.unique()))
-style.legend_outside(ax, title="support selection")
+ax = accuracy_vs_k_figure(per_seed_k)  # under it, the computed sentence of against_g_caption
 if out is not None:
-    fig.savefig(out / "cifar10c_accuracy_vs_k.png", dpi=120)
+    ax.figure.savefig(out / "cifar10c_accuracy_vs_k.png", dpi=120)
 tables.show(per_client, digits=1, caption="accuracy (%) per client and k (mean over seeds)")
 
 # %% [markdown]

@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -61,11 +62,12 @@ from ftta_core.experiment import ExperimentConfig, run_experiment
 from ftta_core import stats
 from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
                                    run_leaderboard)
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.strategies import STRATEGIES
 from ftta_core.tta import LOCAL_METHODS
 
 smoke = smoke_mode(smoke)
+figure_dir = output_folder(figure_dir, "60_your_method")  # ../figures only when run --in-place
 if smoke:
     results_dir = figure_dir = tempfile.mkdtemp()
     seeds, papers_strategies = [0, 1], ["local", "fedavg"]

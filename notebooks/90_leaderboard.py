@@ -1,14 +1,15 @@
 # ---
 # jupyter:
 #   jupytext:
+#     cell_metadata_filter: tags,-papermill
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -58,13 +59,14 @@ from ftta_core import style, tables
 from ftta_core.experiment import ExperimentConfig
 
 from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
-                                   run_leaderboard)
+                                   participation_figure, run_leaderboard)
 from ftta_core.leakage import leakage_reading, stored_leakage_table
-from ftta_core.notebooks import smoke_mode
+from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.workbook import run_strategy_grid
 
 style.use()
 smoke = smoke_mode(smoke)
+figure_dir = output_folder(figure_dir, "90_leaderboard")  # ../figures only when run --in-place
 compute = compute or smoke  # smoke mode runs its small board in a temporary folder
 if smoke:
     results_dir = table1_runs = figure_dir = tempfile.mkdtemp()
@@ -90,9 +92,9 @@ if grid.empty:
 else:
     table = leaderboard_table(grid)
     fig, ax = plt.subplots(figsize=(style.MAX_WIDTH, 0.6 * len(locals_) + 2))
-    leaderboard_heatmap(table, ax=ax, rows=locals_, columns=strategies,
-                        title=f"accuracy after mixing (%), {base.dataset} {base.scenario}, "
-                              f"mean ± 95% CI over up to {len(seeds)} seeds")
+    leaderboard_heatmap(table, ax=ax, rows=locals_, columns=strategies, grid=grid,
+                        title=f"Accuracy after mixing (%) on CIFAR-10-C, FedTSA's {setting.upper()} protocol: "
+                              "every local method x strategy")
     fig.savefig(Path(figure_dir) / f"leaderboard_{base.scenario}.png", dpi=120, bbox_inches="tight")
     display(tables.show(table, caption="every stored cell, best first (95% CI: Student t over seeds)"))
 
@@ -159,12 +161,8 @@ for p in participation_rates:
 rates = pd.concat(rates, ignore_index=True)
 if not rates.empty:
     curve = rates.groupby(["participation", "variant"]).accuracy.mean().unstack()
-    fig, ax = plt.subplots(figsize=(8, 3.6))
-    style.errorbar_lines(ax, rates, "participation", "accuracy", hue="variant")
-    ax.set(xlabel="participation rate p", ylabel="accuracy (%)",
-           title=f"accuracy vs participation (TTA-bn, {rates.seed.nunique()} seed(s))")
-    style.legend_outside(ax, title="strategy (±1 sd; open: 1 seed)")
-    fig.savefig(Path(figure_dir) / f"participation_{base.scenario}.png", dpi=120, bbox_inches="tight")
+    ax = participation_figure(rates)
+    ax.figure.savefig(Path(figure_dir) / f"participation_{base.scenario}.png", dpi=120, bbox_inches="tight")
     display(tables.show(curve))
 
 # %% [markdown]

@@ -1,13 +1,17 @@
-"""`make lab` works: JupyterLab from this environment serves notebooks/ and offers the project's kernel; and the
-environment files agree (pyproject.toml, the Makefile and environment.yml install the same pins and extras).
+"""`make lab` works: JupyterLab from this environment serves the repository (notebooks, examples, figures, configs,
+README) with the quickstart as its default page, lists the notebooks without their paired ``.py`` sources, and offers
+the project's kernel; and the environment files agree (pyproject.toml, the Makefile and environment.yml install the
+same pins and extras).
 
-The server is started as the Makefile's `lab` target starts it (its LAB_FLAGS), plus what a test needs: 127.0.0.1
-only, a free port, a token, no browser, and Jupyter's config/data/runtime folders in a temporary directory (so no
-user configuration or user-level kernel takes part and nothing is written to the home folder). Every wait is bounded
-and the server is stopped in a ``finally``.
+The server is started as the Makefile's `lab` target starts it (its LAB_FLAGS, with their config file), plus what a
+test needs: 127.0.0.1 only, a free port, a token, no browser, and Jupyter's config/data/runtime folders (and
+IPython's, and the user's jupytext configuration) in a temporary directory, so no user configuration or user-level
+kernel takes part and nothing is written to the home folder. Every wait is bounded and the server is stopped when
+the ``lab_server`` block ends (``tests/test_lab_roundtrip.py`` starts it the same way, on a copy of the notebooks).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -20,16 +24,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator, Optional
 
 import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-QUICKSTART = "00_quickstart.ipynb"
+QUICKSTART = "notebooks/00_quickstart.ipynb"  # relative to the server's root, the repository
 START_TIMEOUT_S = 120.0  # a loaded 2-core machine; a typical start takes a few seconds
-REQUEST_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 30.0  # a paired notebook is read from two files (jupytext), on a loaded machine
 STOP_TIMEOUT_S = 15.0
 
 needs_jupyterlab = pytest.mark.skipif(
@@ -52,7 +58,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get_json(url: str, token: str) -> object:
+def get_json(url: str, token: str) -> Any:
     request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
     with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
         assert response.status == 200, f"{url}: HTTP {response.status}"
@@ -71,54 +77,108 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=STOP_TIMEOUT_S)
 
 
-def test_makefile_lab_serves_notebooks_folder():
-    flags = makefile_lab_flags()
-    assert "--ServerApp.root_dir=notebooks" in flags
-    assert f"--LabApp.default_url=/lab/tree/{QUICKSTART}" in flags
-    assert (NOTEBOOKS / QUICKSTART).is_file()
+@dataclass
+class LabServer:
+    """A running JupyterLab: its URL, token, process and log file."""
+
+    base: str
+    token: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def request(self, method: str, path: str, body: Optional[dict] = None) -> Any:
+        """``method`` on ``/api/...`` ``path`` with the token; the decoded JSON answer (None when empty)."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.base}{path}", data=data, method=method, headers={
+            "Authorization": f"token {self.token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as e:
+            raise AssertionError(f"{method} {path}: HTTP {e.code} {e.read().decode(errors='replace')[:2000]}") from e
+        return json.loads(raw) if raw else None
 
 
-@needs_jupyterlab
-def test_jupyterlab_serves_notebooks_and_project_kernel(tmp_path):
+@contextlib.contextmanager
+def lab_server(root: Path, scratch: Path) -> Iterator[LabServer]:
+    """JupyterLab started in ``root`` as `make lab` starts it in the repository (see the module docstring); Jupyter's
+    own folders under ``scratch``. Stopped when the block ends; ``RuntimeError`` when it does not start (also used by
+    ``docs/lab_screenshots.py``)."""
     port, token = free_port(), os.urandom(16).hex()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "config"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_PREFER_ENV_PATH": "1",
-           "JUPYTER_PLATFORM_DIRS": "0"}
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(scratch / "config"), "JUPYTER_DATA_DIR": str(scratch / "data"),
+           "JUPYTER_RUNTIME_DIR": str(scratch / "runtime"), "JUPYTER_PREFER_ENV_PATH": "1",
+           "JUPYTER_PLATFORM_DIRS": "0", "IPYTHONDIR": str(scratch / "ipython"),
+           "XDG_CONFIG_HOME": str(scratch / "xdg")}
     cmd = [sys.executable, "-m", "jupyterlab", *makefile_lab_flags(), "--no-browser", "--ServerApp.ip=127.0.0.1",
            f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
            "--ServerApp.open_browser=False"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # as `make lab` does for root (containers)
-    base = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "jupyterlab.log"
+    scratch.mkdir(parents=True, exist_ok=True)
+    log_path = scratch / "jupyterlab.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    server = LabServer(f"http://127.0.0.1:{port}", token, proc, log_path)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
-            if proc.poll() is not None:
-                pytest.fail(f"jupyterlab exited with {proc.returncode} before answering:\n{log_path.read_text()}")
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"jupyterlab exited with {server.proc.returncode} before answering:\n"
+                                   f"{server.log_path.read_text()}")
             try:
-                get_json(f"{base}/api/status", token)
+                get_json(f"{server.base}/api/status", token)
                 break
             except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout):
                 if time.monotonic() > deadline:
-                    pytest.fail(f"jupyterlab did not answer on {base} within {START_TIMEOUT_S:.0f} s:\n"
-                                f"{log_path.read_text()}")
+                    raise RuntimeError(f"jupyterlab did not answer on {server.base} within {START_TIMEOUT_S:.0f} s:\n"
+                                       f"{server.log_path.read_text()}")
                 time.sleep(0.5)
+        log_text = server.log_path.read_text()
+        if "Exception while loading config file" in log_text:  # the server starts anyway, without it
+            raise RuntimeError(f"the server's config file failed:\n{log_text}")
+        yield server
+    finally:
+        stop(server.proc)
+        if server.proc.returncode not in (0, -signal.SIGTERM):  # a clean shutdown on SIGTERM exits 0
+            print(server.log_path.read_text())
 
-        # the root is notebooks/: the quickstart notebook is served as a notebook
-        model = get_json(f"{base}/api/contents/{QUICKSTART}", token)
-        assert model["type"] == "notebook" and model["name"] == QUICKSTART
+
+def test_makefile_lab_serves_the_repository_with_the_quickstart_open():
+    flags = makefile_lab_flags()
+    assert "--ServerApp.root_dir=." in flags
+    assert f"--LabApp.default_url=/lab/tree/{QUICKSTART}" in flags
+    assert (REPO / QUICKSTART).is_file()
+    config = next(f.split("=", 1)[1] for f in flags if f.startswith("--config="))
+    assert (REPO / config).is_file() and (REPO / "jupytext.toml").is_file()
+
+
+@needs_jupyterlab
+def test_jupyterlab_serves_the_repository_and_project_kernel(tmp_path):
+    with lab_server(REPO, tmp_path) as lab:
+        # the root is the repository: the README, examples/my_plugin.py, figures/ and configs/ are in reach
+        root = {item["name"]: item["type"] for item in lab.request("GET", "/api/contents?content=1")["content"]}
+        assert {"README.md", "examples", "figures", "configs", "notebooks"} <= set(root), sorted(root)
+        # ... opened as JupyterLab's editor opens them (a file, as text); the README never as a jupytext notebook
+        assert lab.request("GET", "/api/contents/examples/my_plugin.py?type=file&format=text")["content"]
+        assert root["README.md"] == "file"
+        # notebooks/ lists every notebook once: its paired .py source is hidden (still read and written by jupytext)
+        listed = {item["name"] for item in lab.request("GET", "/api/contents/notebooks?content=1")["content"]}
+        committed = {p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb")}
+        assert committed <= listed and not {n for n in listed if n.endswith(".py")}, sorted(listed)
+
+        # the quickstart is served as a notebook, paired with its source
+        model = lab.request("GET", f"/api/contents/{QUICKSTART}?content=1")
+        assert model["type"] == "notebook" and model["path"] == QUICKSTART
         cells = model["content"]["cells"]
         assert cells and any(c["cell_type"] == "code" for c in cells)
         assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in cells)
+        assert model["content"]["metadata"]["jupytext"]["formats"] == "ipynb,py:percent"
         kernel_name = model["content"]["metadata"]["kernelspec"]["name"]
 
         # the notebooks' kernel is the project's: a kernelspec of that name that starts this environment's python
-        specs = get_json(f"{base}/api/kernelspecs", token)
-        assert kernel_name in specs["kernelspecs"], f"kernel {kernel_name!r} not offered: {sorted(specs['kernelspecs'])}"
+        specs = lab.request("GET", "/api/kernelspecs")
+        offered = sorted(specs["kernelspecs"])
+        assert kernel_name in offered, f"kernel {kernel_name!r} not offered: {offered}"
         argv = specs["kernelspecs"][kernel_name]["spec"]["argv"]
         prefix = subprocess.run([argv[0], "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True,
                                 timeout=REQUEST_TIMEOUT_S, cwd=NOTEBOOKS).stdout.strip()
@@ -129,13 +189,8 @@ def test_jupyterlab_serves_notebooks_and_project_kernel(tmp_path):
 
         # the token is required
         with pytest.raises(urllib.error.HTTPError) as denied:
-            urllib.request.urlopen(f"{base}/api/contents/{QUICKSTART}", timeout=REQUEST_TIMEOUT_S)
+            urllib.request.urlopen(f"{lab.base}/api/contents/{QUICKSTART}", timeout=REQUEST_TIMEOUT_S)
         assert denied.value.code == 403
-    finally:
-        stop(proc)
-    assert proc.returncode is not None
-    if proc.returncode not in (0, -signal.SIGTERM):  # a clean shutdown on SIGTERM exits 0
-        print(log_path.read_text())
 
 
 # --- the environment: pyproject.toml, the Makefile and environment.yml name the same pins, extras and --no-deps ---

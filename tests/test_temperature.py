@@ -218,6 +218,6 @@ def test_curve_figure_also_reads_the_curve_on_the_seeds_every_t_has():
     top = curve_figure(grid).axes[0]
     common = [line for line in top.get_lines() if line.get_marker() == "x"]
     assert len(common) == 1 and list(common[0].get_ydata()) == [60.0, 62.0]
-    assert "seed(s) every T has (0)" in common[0].get_label()
+    assert "mean over seed 0, which every T has" in common[0].get_label()
     full = grid[grid["variant"] == setting_name(1, "none")]
     assert not [line for line in curve_figure(full).axes[0].get_lines() if line.get_marker() == "x"]

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, Callable, Dict, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
+from ..progress import progress_task
 from .root import cache_dir
 
 CACHE_FORMAT = 1
@@ -145,7 +146,8 @@ def cached_arrays(
     fields: Sequence[str],
     build: Callable[[], Dict[str, np.ndarray]],
 ) -> Dict[str, np.ndarray]:
-    """Arrays ``fields`` from the cache when all are present, else ``build()`` them and store them atomically."""
+    """Arrays ``fields`` from the cache when all are present, else ``build()`` them (saying so in progress lines:
+    ``progress.progress_task``) and store them atomically."""
     folder = cache_dir()
     key = cache_key(name, fingerprint)
     paths = {f: folder / f"{key}.{f}.npy" for f in fields}
@@ -153,7 +155,8 @@ def cached_arrays(
         loaded = {f: load_checked(p, adopt=True) for f, p in paths.items()}  # truncated, zeroed...: rebuilt
         if all(a is not None for a in loaded.values()):
             return loaded  # type: ignore[return-value]
-    arrays = build()
+    with progress_task(f"data: decoding {name} (first use; cached after)"):
+        arrays = build()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for f, p in paths.items():

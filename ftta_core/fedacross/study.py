@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -19,6 +19,9 @@ from .client import (ClientResult, ClientSpec, EarlyStop, accuracy, augmented_fe
                      embed_features, merge_adapters, predict, run_client)
 from .model import FedAcrossNet, count_parameters
 from .sampling import SELECTIONS, balanced_select, random_select, vessal_select, vessal_select_per_class
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 @dataclass
@@ -280,6 +283,62 @@ def fedacross_reading(per_seed_k: pd.DataFrame, benefit: pd.DataFrame, office_av
         parts.append(f"**Cost**: a client trains {int(row['parameters_trained']):,} parameters and sends "
                      f"{100 * row['bytes_up / full']:.1f}% of the bytes full fine-tuning would.")
     return "\n\n".join(parts) if parts else "No stored results to read."
+
+
+# the support selections in words, for figures
+SELECTION_LABELS = {"balanced": "balanced: k per class (labels known in advance)", "random": "random stream items",
+                    "vessal": "VeSSAL stream sampling"}
+
+
+def against_g_caption(per_seed_k: pd.DataFrame) -> str:
+    """One sentence for the accuracy-vs-k figure, computed from its numbers: whether the adapted curves lie above or
+    below no adaptation (the server's classifier g, k = 0), per (k, selection) point paired by seed against g with
+    ``stats.comparison`` (above / below only when the 95 % interval excludes 0), and by how much."""
+    g = per_seed_k[per_seed_k.k == 0].groupby("seed").accuracy.mean()
+    shots = per_seed_k[per_seed_k.k > 0]
+    if g.empty or shots.empty:
+        return "No stored point with both an adapted run and no adaptation to compare."
+    cells = {key: grp.groupby("seed").accuracy.mean() for key, grp in shots.groupby(["k", "selection"])}
+    ests = {key: paired(acc, g) for key, acc in cells.items()}
+    verdicts = pd.Series({key: comparison(est) for key, est in ests.items()})
+    gaps = pd.Series({key: est.mean for key, est in ests.items()})
+    counts = verdicts.value_counts()
+    if len(counts) == 1:
+        head = f"Every adapted point ({len(cells)} of {len(cells)}: k x selection) is {AGAINST_G[counts.index[0]]}"
+    else:
+        head = (f"Of the {len(cells)} adapted points (k x selection), "
+                + ", ".join(f"{counts[v]} are {AGAINST_G[v]}" for v in counts.index))
+    return (f"{head}, the server's classifier without adaptation ({g.mean():.1f} %): adapted minus g ranges from "
+            f"{gaps.min():+.1f} to {gaps.max():+.1f} points (paired by seed, {len(g)} seed{'s' if len(g) > 1 else ''}; "
+            "a point is above or below only when its 95 % interval excludes 0).")
+
+
+def accuracy_vs_k_figure(per_seed_k: pd.DataFrame, ax: Optional["Axes"] = None) -> "Axes":
+    """Test accuracy against k per support selection (``per_seed_k``: k, selection, seed, accuracy as mean over
+    clients; k = 0 is g without adaptation), with 95 % t intervals and the seeds of every point
+    (``style.interval_lines``), g as a dashed line with its seeds, and under the figure the computed sentence of
+    ``against_g_caption``. Returns the axes."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    from .. import style
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8.5, 4.2), layout="constrained")
+    adapted = per_seed_k[per_seed_k.k > 0]
+    source = per_seed_k[per_seed_k.k == 0].groupby("seed").accuracy.mean()
+    style.interval_lines(ax, adapted, "k", "accuracy", hue="selection", labels=SELECTION_LABELS, key=False)
+    if len(source):
+        ax.axhline(source.mean(), color="k", ls="--", lw=1,
+                   label=f"server classifier g, no adaptation (k = 0; {style.seed_text(source.index)})")
+    summary = style.mean_sd(adapted, "k", "accuracy", "selection")
+    style.legend_outside(ax, title=f"support selection\n({style.interval_note(summary)})")
+    ax.set(xlabel="k (labels per class of budget)", ylabel="test accuracy (%)",
+           title="CIFAR-10 -> CIFAR-10-C clients: accuracy after k-shot adaptation")
+    ax.set_xticks(sorted(adapted.k.unique()))
+    ax.figure.supxlabel(textwrap.fill(against_g_caption(per_seed_k), 110), fontsize=plt.rcParams["axes.labelsize"])
+    return ax
 
 
 A2_VARIANTS = ("g (source classifier)", "prototypes, server A", "prototypes, A on cached features",

@@ -7,6 +7,7 @@ import pandas as pd
 
 from ..paper import paper_table
 from ..stats import CHANCE_FACTOR, chance_caveat, comparison_phrase, near_chance
+from ..tables import blank_missing
 from .study import ABLATION, METHODS, ablation_name
 
 
@@ -25,7 +26,7 @@ def mean_by_method(rows: pd.DataFrame, shift: str = "shifted") -> pd.Series:
 
 def beside_paper(ours: pd.DataFrame, paper: pd.DataFrame, paper_label: str) -> pd.DataFrame:
     """Our table (strings) with the paper's columns appended, prefixed by ``paper_label``."""
-    return ours.join(paper.add_prefix(f"{paper_label} ").round(2), how="left").fillna("")
+    return blank_missing(ours.join(paper.add_prefix(f"{paper_label} ").round(2), how="left"))
 
 
 def ablation_table(rows: pd.DataFrame) -> pd.DataFrame:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import pandas as pd
 
 from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
+from .table1 import PAPER_T1_LABEL, source_model_label, step_text
 
 PAPER = "fedtsa_table2"
 PAPER_ROW = "No-Adapt"
@@ -190,8 +191,7 @@ def _sign(x: float, tie: float) -> str:
     return "tie" if pd.isna(x) or abs(x) < tie else ("+" if x > 0 else "-")
 
 
-PAPER_T1_LABEL = "FedTSA (Table 1)"
-CONCLUSION_COLUMNS = ["tta", "setting", "method", "model", "gain over Local", "sd", "seeds", "same sign"]
+CONCLUSION_COLUMNS = ["tta", "setting", "method", "model", "gain over Local", "sd", "seeds", "same sign", "seed ids"]
 LOCAL_VS_BN = "Local (vs TTA-bn Local)"  # a gradient cell's Local minus TTA-bn's Local, in the gain column
 STEP_SEPARATOR = " @ "  # "grad-running-adam @ 0.0003": a gradient cell at a step size other than its own
 
@@ -242,7 +242,8 @@ def paper_table1_gains(dataset: str = "cifar10") -> pd.DataFrame:
 def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: float = 0.5) -> pd.DataFrame:
     """Each strategy's gain over Local per (tta, setting) on every source model, from ``grids`` (model name ->
     ``table1.stored_table1_runs`` of that model): mean over the seeds both Local and the strategy have on that
-    model (paired), its sd over those seeds (NaN with one seed, and for the paper's rows), the seeds, and whether the sign (``tie``: |gain| below it is a tie) equals the one on
+    model (paired), its sd over those seeds (NaN with one seed, and for the paper's rows), the seeds (how many, and
+    last which: ``seed ids``), and whether the sign (``tie``: |gain| below it is a tie) equals the one on
     ``reference`` (the model the workbook's other tables use). One row per (tta, setting, strategy, model), for the
     (tta, setting, strategy) that have runs on ``reference`` and on another model, plus the paper's gain in that cell
     (model ``PAPER_T1_LABEL``, from ``paper_table1_gains``) where its Table 1 has the method. In a gradient cell a
@@ -267,7 +268,8 @@ def conclusions_by_model(grids: Dict[str, pd.DataFrame], reference: str, tie: fl
                 gain = gain.dropna()
                 rows.append({"tta": tta, "setting": setting, "method": method, "model": model,
                              "gain over Local": gain.mean() if len(gain) else float("nan"),
-                             "sd": gain.std() if len(gain) > 1 else float("nan"), "seeds": len(gain)})
+                             "sd": gain.std() if len(gain) > 1 else float("nan"), "seeds": len(gain),
+                             "seed ids": tuple(int(seed) for seed in gain.index)})
     if not rows:
         return pd.DataFrame(columns=CONCLUSION_COLUMNS)
     table = pd.DataFrame(rows)
@@ -329,6 +331,40 @@ def conclusions_reading(table: pd.DataFrame, reference: str, tie: float = 0.5) -
             + (f" {few} of them rest on a single seed on one model." if few else ""))
 
 
+def step_name(cell: str, lr: Optional[float] = None) -> str:
+    """A TTA cell at a step size in words for a figure: "TTA-bn", "gradient TTA, Adam 1e-05"."""
+    if cell == "bn":
+        return "TTA-bn"
+    params = TTA_SETTINGS[cell]["local_params"]
+    return f"gradient TTA, {str(params['optimizer']).capitalize()} {step_text(params['lr'] if lr is None else lr)}"
+
+
+def conclusions_figure(table: pd.DataFrame, steps: Sequence[tuple]) -> "Any":
+    """``conclusions_by_model`` as one panel per setting (NIID above IID) on one y-scale: the TTA cells at their step
+    sizes (``steps``: (cell, lr) pairs, in this order) as groups of methods, each source model a series named from
+    its card (``table1.source_model_label``) with the 95 % t interval over its paired seeds (the seeds named in the
+    key, or under each point where a model's points rest on different seeds), the paper's Table 1 gain as black
+    crosses, the ±0.5 tie band shaded. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots, stats, style
+
+    names = {step_label(cell, lr): step_name(cell, lr) for cell, lr in steps}
+    shown = table[table.tta.isin(list(names))].copy()
+    shown = shown.sort_values("tta", key=lambda t: t.map(list(names).index), kind="stable")
+    shown["ci95"] = stats.t_half_width(shown["sd"], shown["seeds"])
+    shown = shown.assign(tta=shown.tta.map(names), setting=shown.setting.str.upper() + " clients",
+                         model=[m if m == PAPER_T1_LABEL else source_model_label(m) for m in shown.model])
+    shown = shown.sort_values("setting", ascending=False, kind="stable")  # NIID first, as the paper's columns
+    axes = plots.gains_by_panel(shown, ["setting"], group="tta", err="ci95", marker_hue=PAPER_T1_LABEL,
+                                tie=stats.MARGIN, ncols=1, sort=False, panel_size=(style.MAX_WIDTH, 3.6),
+                                x_labels={LOCAL_VS_BN: "Local − TTA-bn Local"}, key_title="source model",
+                                err_label="bar: 95 % t interval over paired seeds")
+    axes[0].figure.suptitle("Do our conclusions change with the source model? Each method's gain over Local, paired "
+                            "by seed", fontsize=plt.rcParams["axes.titlesize"])
+    return axes[0].figure
+
+
 def _model_label(model: str) -> str:
     return "the paper" if model == PAPER_T1_LABEL else f"`{model}`"
 
@@ -361,4 +397,5 @@ def _best_reading(table: pd.DataFrame, reference: str) -> str:
 
 __all__ = ["paper_profile", "card_profile", "regime_table", "regime_summary", "regime_reading",
            "adaptation_profiles", "adaptation_summary", "adaptation_reading", "conclusions_by_model",
-           "conclusions_reading", "seeds_text", "step_label", "cell_of", "stored_by_step"]
+           "conclusions_reading", "seeds_text", "step_label", "cell_of", "stored_by_step", "conclusions_figure",
+           "step_name", "PAPER_T1_LABEL", "source_model_label"]

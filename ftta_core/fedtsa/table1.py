@@ -209,7 +209,8 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
     and, paired by seed, Local(grad) - Local(bn) (TTA-bn's Local is any TTA-bn run's pre-mixing accuracy) and
     ``<strategy> - Local`` for the other strategies, each beside the paper's (FedTSA Table 1), with the standard
     deviation of the paired differences (``... sd``, NaN below 2 seeds), the 95 % t half-width (``... ci95``) and
-    each direction's ``stats.verdict`` (``local - local(bn) below``, ``<strategy> - local above``). NaN where a run is missing. ``stale runs``:
+    each direction's ``stats.verdict`` (``local - local(bn) below``, ``<strategy> - local above``) and, last, the
+    seeds each difference is paired over (``... seed ids``). NaN where a run is missing. ``stale runs``:
     how many of the cell's runs were made by code that has changed since (``python -m ftta_core reproduce`` them).
     ``lrs``: the step sizes to read for each cell (None: the cell's own; others: runs planned with
     ``fedtsa-table --tta CELL --lr X``); ``model``: the source model (None: the shipped one)."""
@@ -240,6 +241,7 @@ def _grad_cell_row(cell: str, params: Mapping[str, Any], setting: str, g: pd.Dat
     row["local - local(bn)"] = gap.mean
     row["local - local(bn) sd"] = gap.sd
     row["local - local(bn) ci95"] = gap.half_width
+    seed_ids: Dict[str, tuple] = {}  # which seeds each paired difference rests on (the last columns)
     row["local - local(bn) below"] = stats.verdict(gap, None, kind="direction", side=-1)
     row["paper: local - local(bn)"] = (paper.get(("Local", setting, "grad"), float("nan"))
                                        - paper.get(("Local", setting, "bn"), float("nan")))
@@ -256,8 +258,9 @@ def _grad_cell_row(cell: str, params: Mapping[str, Any], setting: str, g: pd.Dat
         row[f"{label} seeds"] = diff.n
         row[f"paper: {label} - local"] = (paper.get((label, setting, "grad"), float("nan"))
                                           - paper.get(("Local", setting, "grad"), float("nan")))
+        seed_ids[f"{label} - local seed ids"] = diff.seeds
     row["stale runs"] = int((g["code"] == "stale").sum()) if len(g) else 0
-    return row
+    return {**row, "local - local(bn) seed ids": gap.seeds, **seed_ids}
 
 
 def _row_name(d: Mapping[str, Any]) -> str:
@@ -343,37 +346,130 @@ def degraded_local_reading(table: pd.DataFrame) -> str:
             f"above Local there in {len(gains)} of them (the paper: {paper('FedAvg - local')}).")
 
 
+SHIPPED_MODEL = "resnet8_cifar10"  # the source model every table uses unless it names another
+PAPER_T1_LABEL = "FedTSA (Table 1)"  # the paper's series in the figures that set its Table 1 gains beside ours
+
+
+def step_text(lr: float) -> str:
+    """A step size as figures write it: 3e-4, 1e-5, 0.5."""
+    import numpy as np
+
+    return np.format_float_scientific(lr, trim="-", exp_digits=1) if lr < 1e-2 else f"{lr:g}"
+
+
+def source_model_label(name: Optional[str], directory: Optional[Path] = None) -> str:
+    """A source model's name for a figure's key, from its card (``data/checkpoints/NAME.json``): its recipe and
+    clean accuracy, e.g. "shipped: 15 epochs, 82.7 % clean", "1 epoch on 10,000 images, 46.6 % clean"; the
+    checkpoint id itself where there is no card. "shipped" and None name the shipped model."""
+    import json
+
+    from ..training import CHECKPOINT_DIR
+
+    card_name = SHIPPED_MODEL if name in (None, "shipped") else str(name)
+    path = Path(directory or CHECKPOINT_DIR) / f"{card_name}.json"
+    if not path.exists():
+        return str(name)
+    card = json.loads(path.read_text())
+    epochs = f"{card['epochs']} epoch" + ("s" if card["epochs"] != 1 else "")
+    images = f" on {card['train_images']:,} images" if "train_images" in card else ""
+    shipped = "shipped: " if card_name == SHIPPED_MODEL else ""
+    return f"{shipped}{epochs}{images}, {card['clean_test_accuracy']:.1f} % clean"
+
+
 def step_size_figure(table: pd.DataFrame) -> "Any":
     """Local(grad) − Local(bn) and FedAvg − Local against the step size, from rows of ``tta_grad_cells`` of one cell
-    (several ``lrs``), one panel per setting on a shared y-scale; the 95 % t interval over paired seeds where a row has several;
-    the paper's two gaps as horizontal references. Rows with a ``model`` column (several source models) draw one
-    line style and marker per model (the first model solid with circles). Returns the figure."""
+    (several ``lrs``), one panel per setting on a shared y-scale: the 95 % t interval over paired seeds where a
+    point has several (open marker: one seed), the seeds of every point in rows under the axis (``... seed ids``,
+    ``style.seed_strip``), the paper's two gaps as dashed horizontal references. Rows with a ``model`` column
+    (several source models) draw one line style and marker per model (the first model solid with circles), named
+    from its card (``source_model_label``). One key below the panels. Returns the figure."""
     import matplotlib.pyplot as plt
 
     from .. import style
 
     rows = table[table.seeds > 0]
     settings = [s for s in TABLE1_SETTINGS if s in set(rows["setting"])]
-    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(style.MAX_WIDTH, 3.6), sharex=True, sharey=True,
+    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(style.MAX_WIDTH, 4.8), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
     models = list(pd.unique(rows["model"])) if "model" in rows else [None]
     looks = dict(zip(models, [("o", "-"), ("s", ":"), ("^", "-."), ("D", (0, (5, 1)))]))
+    quantities = [("local - local(bn)", "Local (gradient TTA) − Local (TTA-bn)"),
+                  ("FedAvg - local", "FedAvg − Local (gradient TTA)")]
+    any_single = False
     for ax, setting in zip(axes[0], settings):
         here = rows[rows.setting == setting].sort_values("lr")
-        for (col, label), colour in zip([("local - local(bn)", "Local(grad) − Local(bn)"),
-                                         ("FedAvg - local", "FedAvg − Local (grad)")], ("C0", "C1")):
+        strip = []
+        for (col, label), (colour, _) in zip(quantities, style.distinct(len(quantities))):
             for model in models:
                 mine = here if model is None else here[here["model"] == model]
+                mine = mine[mine[col].notna()]
                 marker, ls = looks[model]
-                ax.errorbar(mine["lr"], mine[col], yerr=mine[col + " ci95"].fillna(0), marker=marker, ls=ls,
-                            capsize=3, color=colour, label=f"{label}, ours" + ("" if model is None else f" ({model})"))
+                half = mine[col + " ci95"]
+                name = f"{label}, ours" + ("" if model is None else f" ({source_model_label(model)})")
+                single = half.isna()
+                any_single = any_single or bool(single.any())
+                if single.all():  # no interval anywhere: a line of open markers (its key shows no bar)
+                    ax.plot(mine["lr"], mine[col], marker=marker, ls=ls, mfc="white", color=colour, label=name)
+                else:
+                    ax.errorbar(mine["lr"], mine[col], yerr=half.fillna(0), marker=marker, ls=ls, capsize=3,
+                                color=colour, label=name)
+                    ax.plot(mine["lr"][single], mine[col][single], ls="none", marker=marker, mfc="white",
+                            color=colour, zorder=3)
+                ids = (mine[f"{col} seed ids"] if f"{col} seed ids" in mine
+                       else mine["seeds"].map(lambda n: f"n={n}"))  # a table from before the seed columns
+                strip.append((marker, colour, dict(zip(mine["lr"], ids))))
             ax.axhline(here[f"paper: {col}"].iloc[0], color=colour, ls="--", lw=1, label=f"{label}, paper")
         ax.axhline(0, color="k", lw=0.6)
         ax.set_xscale("log")
-        low, high = here["seeds"].min(), here["seeds"].max()
-        ax.set_title(f"{setting.upper()} ({low if low == high else f'{low}-{high}'} seed(s) per point)")
-    if len(rows):
-        fig.supxlabel(f"step size of {rows['optimizer'].iloc[0].split()[0]} ({rows['cell'].iloc[0]} cell)")
+        ax.set_title(f"{setting.upper()} clients")
+        style.seed_strip(ax, strip, glyphs=ax is axes[0, 0])
+        if len(rows):
+            ax.set_xlabel(f"{rows['optimizer'].iloc[0].split()[0].capitalize()} step size (log scale)")
     axes[0, 0].set_ylabel("accuracy difference (points)")
-    style.legend_outside(axes[0, -1])
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    note = ("bars: 95 % t interval over paired seeds; under the axis: the seeds of each point"
+            + ("; open marker: one seed, no interval" if any_single else ""))
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, title=note, frameon=False)
+    if len(rows):
+        fig.suptitle(f"Gradient TTA as the reference clients ran it ({rows['cell'].iloc[0]}): where Local falls "
+                     "below TTA-bn, does FedAvg gain?", fontsize=plt.rcParams["axes.titlesize"])
     return fig
+
+
+def grad_drift_figure(gains: pd.DataFrame, runs: Optional[pd.DataFrame] = None, cell: str = "grad-running-adam",
+                      lr: float = 3e-4) -> "Any":
+    """Each strategy's gain over Local (``fidelity.strategy_gains`` rows: ours with its 95 % interval over paired
+    seeds) beside FedTSA's Table 1 gain (black crosses), one panel per setting on one y-scale
+    (``plots.gains_by_panel``): a strategy far off all the others (FedAvgM's collapse) is marked at the axis edge
+    with its value instead of squashing the rest; the ±``stats.MARGIN`` equivalence band is shaded. ``runs``
+    (``stored_table1_runs`` of the same cell): each strategy's seeds paired with Local's are named. Returns the
+    figure."""
+    import matplotlib.pyplot as plt
+
+    from .. import plots
+
+    ran = gains.dropna(subset=["ours"])
+    strategy_of = {v: k for k, v in METHOD_LABELS.items()}
+
+    def paired_seeds(r: pd.Series) -> tuple:
+        if runs is None or not len(runs):
+            return ()
+        here = runs[runs.setting == r["setting"]]
+        mine = set(here.loc[here.strategy == strategy_of.get(r["method"], r["method"]), "seed"])
+        return tuple(sorted(int(s) for s in mine & set(here.loc[here.strategy == "local", "seed"])))
+
+    ours_label = f"ours, Adam {step_text(lr)}"
+    ours = ran.assign(numbers=ours_label, ci95=(ran["high"] - ran["low"]) / 2)
+    if runs is not None and len(runs):
+        ours = ours.assign(**{"seed ids": [paired_seeds(r) for _, r in ran.iterrows()]})
+    shown = pd.concat([ours, ran.assign(numbers=PAPER_T1_LABEL, ours=ran["paper"], seeds=5, ci95=float("nan"))])
+    shown = shown.rename(columns={"ours": "gain over Local"}).assign(
+        setting=lambda d: d.setting.str.upper() + " clients")
+    axes = plots.gains_by_panel(shown, ["setting"], hue="numbers", err="ci95", marker_hue=PAPER_T1_LABEL,
+                                tie=stats.MARGIN, clip_outliers=True, ncols=1, panel_size=(9.0, 3.0),
+                                err_label="bar: 95 % t interval over paired seeds", key_title="")
+    axes[0].figure.suptitle(f"What each server strategy adds over clients adapting alone (Local), gradient TTA "
+                            f"({cell}, Adam {step_text(lr)});\na cell chosen after seeing results, where Local "
+                            "drifts below TTA-bn as in the paper", fontsize=plt.rcParams["axes.titlesize"])
+    return axes[0].figure
+

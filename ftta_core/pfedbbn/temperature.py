@@ -410,34 +410,48 @@ def whole_grid(base: ExperimentConfig, setting: str, seeds: Sequence[int], resul
     return runs, run_rows(stored_summaries(base, table1_variants(base, alphas=alphas), seeds, Path(grid_dir)))
 
 
+# the distance scales in words, for figures (``strategies.base.scale_distances``)
+SCALE_LABELS = {"none": "distances as summed (no scaling)", "row_median": "distances / each client's median",
+                "count": "distances / number of layers"}
+
+
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
-    """Accuracy (reported seeds, ±1 sd; where the Ts of a scale were run at different seeds, also the mean over the
-    seeds every T has, so the curve is read on one set of streams) and the same-domain share of W against T, one line
-    per distance scale, one column per alpha, rows sharing their y-scale; BBN alone and FedAvg + BBN as dashed/dotted references; the held-out
-    stream's shares (what the rule reads) as open markers. Returns the figure."""
+    """Accuracy (top row) and the same-domain share of W (bottom row) against T, one line per distance scale
+    (``SCALE_LABELS``), one column per alpha, rows sharing their y-scale: means over the reported seeds with 95 % t
+    intervals where a point has several (open marker: one seed), the seeds of every point under the x axis
+    (``style.seed_strip``); where the Ts of a scale were run at different seeds, also the mean over the seeds every
+    T has, so the curve is read on one set of streams; BBN alone and FedAvg + BBN as dashed/dotted references; the
+    held-out stream's shares (what the rule reads) as open squares. Returns the figure."""
     import matplotlib.pyplot as plt
 
     from .. import style
 
     alphas = sorted(grid["alpha"].unique(), reverse=True)
-    fig, axes = plt.subplots(2, len(alphas), figsize=(min(style.MAX_WIDTH, 4.2 * len(alphas)), 6.2), squeeze=False,
-                             sharey="row", layout="constrained")
+    fig, axes = plt.subplots(2, len(alphas), figsize=(min(style.MAX_WIDTH, 4.6 * len(alphas) + 1), 8.2),
+                             squeeze=False, sharey="row",
+                             sharex=True, layout="constrained")
     pf = with_setting(grid)
     pf["same-domain share"] = pf["same domain"]
+    scales = list(pd.unique(pf["scale"]))
+    looks = dict(zip(scales, style.distinct(len(scales))))
+    name = lambda scale: SCALE_LABELS.get(scale, scale)  # noqa: E731
     for k, alpha in enumerate(alphas):
         top, bottom = axes[0, k], axes[1, k]
         here = pf[pf["alpha"] == alpha]
-        style.errorbar_lines(top, here, "T", "accuracy", hue="scale")
+        drawn = style.errorbar_lines(top, here, "T", "accuracy", hue="scale", labels=SCALE_LABELS, interval="ci95",
+                                     looks=looks)
         for scale, g in here.groupby("scale"):  # where the Ts have different seeds, also the seeds they all have
             common = set.intersection(*[set(v) for v in g.groupby("T")["seed"].unique()])
             if common and len(common) < g["seed"].nunique() and g["T"].nunique() > 1:
                 on = g[g["seed"].isin(common)].groupby("T")["accuracy"].mean()
-                top.plot(on.index, on.values, "x:", lw=1, color="0.45",
-                         label=f"{scale}, seed(s) every T has ({', '.join(map(str, sorted(common)))})")
-        style.errorbar_lines(bottom, here, "T", "same-domain share", hue="scale")
+                top.plot(on.index, on.values, "x:", lw=1, color=looks[scale][0],
+                         label=f"{name(scale)}: mean over {style.seed_text(common)}, which every T has")
+        style.errorbar_lines(bottom, here, "T", "same-domain share", hue="scale", labels=SCALE_LABELS,
+                             interval="ci95", looks=looks)
         refs = grid[(grid["alpha"] == alpha) & ~grid["variant"].str.startswith("T=")]
-        for (name, g), ls in zip(refs.groupby("variant"), ("--", ":")):
-            top.axhline(g["accuracy"].mean(), color="0.3", ls=ls, lw=1, label=f"{name} ({g['seed'].nunique()} seed(s))")
+        for (ref, g), ls in zip(refs.groupby("variant"), ("--", ":")):
+            top.axhline(g["accuracy"].mean(), color="0.3", ls=ls, lw=1,
+                        label=f"{ref} ({style.seed_text(g['seed'].unique())})")
         uniform = here["uniform same-domain"].mean()
         if pd.notna(uniform):
             bottom.axhline(uniform, color="0.3", ls="--", lw=1, label="uniform mixing (FedAvg)")
@@ -445,15 +459,31 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
             h = with_setting(held_out[held_out["alpha"] == alpha])
             for scale, g in h.groupby("scale"):
                 g = g.sort_values("T")
-                bottom.plot(g["T"], g["same domain"], "s--", mfc="white", lw=0.8, label=f"{scale}, held-out stream")
+                bottom.plot(g["T"], g["same domain"], "s--", mfc="white", lw=0.8,
+                            color=looks.get(scale, ("0.4", "s"))[0],
+                            label=f"{name(scale)}, held-out stream ({style.seed_text(g['seed'].unique())}: what "
+                                  "the rule reads)")
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
-            ax.set_xlabel("temperature T")
-        top.set_title(f"alpha = {alpha:g}")
+            ax.set_xticks(sorted(here["T"].unique()), [f"{t:g}" for t in sorted(here["T"].unique())])
+            ax.minorticks_off()
+        bottom.set_xlabel("softmax temperature T")
+        style.seed_strip(bottom, [(looks[s][1], looks[s][0], dict(zip(d["T"], d["seeds"])))
+                                  for s, d in drawn.groupby("scale", sort=False)], glyphs=k == 0)
+        top.set_title(f"label skew alpha = {alpha:g}")
+        top.set_xlabel("")
         top.set_ylabel("accuracy (%)")
         bottom.set_ylabel("same-domain share of W")
-    style.legend_outside(axes[0, -1])
-    style.legend_outside(axes[1, -1])
+    key: Dict[str, Any] = {}  # one key for both rows, below the panels (a scale's line is the same in both)
+    for ax in axes[:, -1]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            key.setdefault(label, handle)
+    fig.legend(key.values(), key.keys(), loc="outside lower center", ncols=2, frameon=False,
+               title="pFedBBN's distance scale, references and the held-out stream ("
+                     + style.interval_note(style.mean_sd(pf, "T", "accuracy", "scale"))
+                     + "; the seeds of each point under the x axis)")
+    fig.suptitle("How personal should pFedBBN's mixing be? Accuracy and W's same-domain share against the "
+                 "temperature T", fontsize=plt.rcParams["axes.titlesize"])
     return fig
 
 
@@ -462,4 +492,4 @@ __all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", 
            "select_setting", "choice_reading", "choice_check", "choice_check_reading", "flipped_choices",
            "checked_claims", "with_setting", "pooled_shares", "whole_grid", "whole_grid_claims",
            "column_label", "at_alpha", "GRID_ALPHAS",
-           "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base"]
+           "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base", "SCALE_LABELS"]
