@@ -451,7 +451,7 @@ def grad_drift_figure(gains: pd.DataFrame, runs: Optional[pd.DataFrame] = None, 
     ran = gains.dropna(subset=["ours"])
     strategy_of = {v: k for k, v in METHOD_LABELS.items()}
 
-    def paired_seeds(r: pd.Series) -> tuple:
+    def seeds_beside_local(r: pd.Series) -> tuple:
         if runs is None or not len(runs):
             return ()
         here = runs[runs.setting == r["setting"]]
@@ -461,7 +461,7 @@ def grad_drift_figure(gains: pd.DataFrame, runs: Optional[pd.DataFrame] = None, 
     ours_label = f"ours, Adam {step_text(lr)}"
     ours = ran.assign(numbers=ours_label, ci95=(ran["high"] - ran["low"]) / 2)
     if runs is not None and len(runs):
-        ours = ours.assign(**{"seed ids": [paired_seeds(r) for _, r in ran.iterrows()]})
+        ours = ours.assign(**{"seed ids": [seeds_beside_local(r) for _, r in ran.iterrows()]})
     shown = pd.concat([ours, ran.assign(numbers=PAPER_T1_LABEL, ours=ran["paper"], seeds=5, ci95=float("nan"))])
     shown = shown.rename(columns={"ours": "gain over Local"}).assign(
         setting=lambda d: d.setting.str.upper() + " clients")
