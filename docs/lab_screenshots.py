@@ -17,7 +17,6 @@ import asyncio
 import base64
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,8 +25,7 @@ from typing import Dict, List
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "docs"), str(REPO / "tests")]
-from explorer_screenshot import free_port, stop  # noqa: E402  (the sibling scripts' helpers)
-from site_screenshots import DevTools, shrink  # noqa: E402
+from site_screenshots import DevTools, headless_chromium, shrink  # noqa: E402
 from test_lab import lab_server  # noqa: E402  (JupyterLab started as `make lab` starts it)
 
 NOTEBOOKS = {"10": "10_fedtsa", "20": "20_fedctta", "90": "90_leaderboard"}
@@ -108,16 +106,9 @@ def main(argv: List[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lab-shots-") as scratch:
         write_settings(Path(scratch) / "jupyter" / "config")
         with lab_server(REPO, Path(scratch) / "jupyter") as lab:
-            debug_port = free_port()
-            chrome = subprocess.Popen([args.chromium, "--headless", "--no-sandbox", "--disable-gpu",
-                                       "--hide-scrollbars", "--no-first-run", f"--remote-debugging-port={debug_port}",
-                                       f"--user-data-dir={Path(scratch) / 'chromium'}", "about:blank"],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
+            with headless_chromium(args.chromium, Path(scratch) / "chromium") as debug_port:
                 written = asyncio.run(shoot_all(debug_port, lab.base, lab.token, args.notebooks, args.out,
                                                 args.width, args.height, args.timeout))
-            finally:
-                stop(chrome)
     for path in written:
         shrink(path, args.max_kb)
         print(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} ({path.stat().st_size // 1024} KB)")

@@ -13,6 +13,7 @@ blank band. A PNG over ``--max-kb`` is re-saved with a 256-colour palette.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
 import base64
 import json
@@ -22,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from PIL import Image
 
@@ -104,6 +105,19 @@ def shrink(path: Path, max_kb: int) -> None:
     small.save(path, optimize=True)
 
 
+@contextlib.contextmanager
+def headless_chromium(binary: str, profile: Path) -> Iterator[int]:
+    """A headless Chromium with its DevTools port (yielded) and its profile in ``profile``; stopped on exit."""
+    debug_port = free_port()
+    chrome = subprocess.Popen([binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                               "--no-first-run", f"--remote-debugging-port={debug_port}", f"--user-data-dir={profile}",
+                               "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield debug_port
+    finally:
+        stop(chrome)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Screenshot each page of ``SHOTS``; prints each file with its size."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -117,16 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.chromium:
         raise SystemExit("no chromium found (apt-get install chromium)")
     args.out.mkdir(parents=True, exist_ok=True)
-    debug_port = free_port()
-    with tempfile.TemporaryDirectory(prefix="site-shots-") as profile:
-        chrome = subprocess.Popen([args.chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                                   "--no-first-run", f"--remote-debugging-port={debug_port}",
-                                   f"--user-data-dir={profile}", "about:blank"],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            written = asyncio.run(shoot_all(debug_port, args.site.resolve(), args.out, args.width, args.height))
-        finally:
-            stop(chrome)
+    with tempfile.TemporaryDirectory(prefix="site-shots-") as profile, \
+            headless_chromium(args.chromium, Path(profile)) as debug_port:
+        written = asyncio.run(shoot_all(debug_port, args.site.resolve(), args.out, args.width, args.height))
     for path in written:
         shrink(path, args.max_kb)
         print(f"{path} ({path.stat().st_size // 1024} KB)")
