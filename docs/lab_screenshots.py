@@ -25,7 +25,7 @@ from typing import Dict, List
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO / "docs"), str(REPO / "tests")]
-from site_screenshots import DevTools, headless_chromium, shrink  # noqa: E402
+from site_screenshots import DevTools, finish, headless_chromium  # noqa: E402
 from test_lab import lab_server  # noqa: E402  (JupyterLab started as `make lab` starts it)
 
 NOTEBOOKS = {"10": "10_fedtsa", "20": "20_fedctta", "90": "90_leaderboard"}
@@ -109,10 +109,7 @@ def main(argv: List[str] | None = None) -> int:
             with headless_chromium(args.chromium, Path(scratch) / "chromium") as debug_port:
                 written = asyncio.run(shoot_all(debug_port, lab.base, lab.token, args.notebooks, args.out,
                                                 args.width, args.height, args.timeout))
-    for path in written:
-        shrink(path, args.max_kb)
-        print(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path} ({path.stat().st_size // 1024} KB)")
-    return 0
+    return finish(written, args.max_kb, REPO)
 
 
 if __name__ == "__main__":

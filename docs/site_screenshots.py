@@ -105,6 +105,15 @@ def shrink(path: Path, max_kb: int) -> None:
     small.save(path, optimize=True)
 
 
+def finish(written: list[Path], max_kb: int, root: Path | None = None) -> int:
+    """Shrink each screenshot to ``max_kb`` and print it (relative to ``root`` when inside it) with its size."""
+    for path in written:
+        shrink(path, max_kb)
+        shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
+        print(f"{shown} ({path.stat().st_size // 1024} KB)")
+    return 0
+
+
 @contextlib.contextmanager
 def headless_chromium(binary: str, profile: Path) -> Iterator[int]:
     """A headless Chromium with its DevTools port (yielded) and its profile in ``profile``; stopped on exit."""
@@ -134,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="site-shots-") as profile, \
             headless_chromium(args.chromium, Path(profile)) as debug_port:
         written = asyncio.run(shoot_all(debug_port, args.site.resolve(), args.out, args.width, args.height))
-    for path in written:
-        shrink(path, args.max_kb)
-        print(f"{path} ({path.stat().st_size // 1024} KB)")
-    return 0
+    return finish(written, args.max_kb)
 
 
 if __name__ == "__main__":
