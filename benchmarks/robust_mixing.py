@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ftta_core.experiment import ExperimentConfig, run_experiment  # noqa: E402
+from ftta_core.runstore import atomic_write_text  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 RUNS = REPO / "runs" / "benchmarks" / "robust_mixing"
@@ -118,7 +119,7 @@ def report(rows: List[dict], timing: Optional[List[dict]], args: argparse.Namesp
            total: int) -> None:
     frame = pd.DataFrame(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(RESULTS / "robust_mixing.csv", index=False)
+    atomic_write_text(RESULTS / "robust_mixing.csv", frame.to_csv(index=False))  # a crash keeps the former file
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=REPO).stdout.strip()
     done = len(frame)
@@ -208,7 +209,7 @@ def report(rows: List[dict], timing: Optional[List[dict]], args: argparse.Namesp
                   f"{args.timing_repeats} calls, one thread.", "",
                   table(pd.DataFrame(timing), ["local", "values_per_client", "robust", "ms_per_mix", "ratio_vs_off"]),
                   ""]
-    (RESULTS / "robust_mixing.md").write_text("\n".join(lines))
+    atomic_write_text(RESULTS / "robust_mixing.md", "\n".join(lines))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
