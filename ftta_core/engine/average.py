@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence
 
 import torch
 
-from .mixing import mix_state
+from .mixing import mix_state, mix_state_rows
 
 if TYPE_CHECKING:  # annotations only
     from .robust import RobustMixing
@@ -43,16 +43,8 @@ def mix_models(state: Mapping[str, torch.Tensor], weights: torch.Tensor,
             raise ValueError(f"robust mixing needs a square W [N, N], got {tuple(weights.shape)}")
         mixed = robust.mix(floats, weights)
     else:
-        mixed = mix_state(floats, weights) if weights.shape[0] == weights.shape[1] else _mix_rows(floats, weights)
+        mixed = mix_state(floats, weights) if weights.shape[0] == weights.shape[1] else mix_state_rows(floats, weights)
     return {k: mixed[k] if k in mixed else _counters_rows(v, weights) for k, v in state.items()}
-
-
-def _mix_rows(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
-    """``mix_state`` for a non-square W [M, N]: padded to [N, N] with identity rows, the first M rows kept."""
-    m, n = weights.shape
-    square = torch.eye(n, dtype=weights.dtype, device=weights.device)
-    square[:m] = weights
-    return {k: v[:m] for k, v in mix_state(state, square).items()}
 
 
 def _counters_rows(counts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

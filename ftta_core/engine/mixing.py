@@ -62,6 +62,16 @@ def mix_state(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[
     return out
 
 
+def mix_state_rows(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """``mix_state`` for W [M, N] with M <= N rows (padded to [N, N] with identity rows, the first M kept)."""
+    m, n = weights.shape
+    if m == n:
+        return mix_state(state, weights)
+    square = torch.eye(n, dtype=weights.dtype, device=weights.device)
+    square[:m] = weights
+    return {k: v[:m] for k, v in mix_state(state, square).items()}
+
+
 def finite_clients(tensors: Mapping[str, torch.Tensor], n_clients: int) -> torch.Tensor:
     """Boolean [N]: clients whose every uploaded value is finite."""
     ok = torch.ones(n_clients, dtype=torch.bool)

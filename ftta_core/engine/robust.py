@@ -33,7 +33,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import torch
 
-from .mixing import mix_state
+from .mixing import mix_state, mix_state_rows
 from .uploads import namesake
 
 ROBUST_MODES = ("off", "median", "trimmed", "clip")
@@ -231,16 +231,6 @@ def _clipped(state: Mapping[str, torch.Tensor], takes: torch.Tensor, reference: 
         new[rows] = (c64 + dev * (bound / norms[rows])[:, None]).to(flat.dtype)
         out[k] = new.reshape(t.shape)
     return out, clipped
-
-
-def mix_state_rows(state: Mapping[str, torch.Tensor], weights: torch.Tensor) -> StateDict:
-    """``mix_state`` for W [R, N] with R <= N rows (padded with identity rows, the first R kept)."""
-    r, n = weights.shape
-    if r == n:
-        return mix_state(state, weights)
-    square = torch.eye(n, dtype=weights.dtype, device=weights.device)
-    square[:r] = weights
-    return {k: v[:r] for k, v in mix_state(state, square).items()}
 
 
 def _clip_mix(state: Mapping[str, torch.Tensor], weights: torch.Tensor,
