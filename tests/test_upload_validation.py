@@ -5,6 +5,7 @@ get exactly what they get when that client's upload is NaN (the rejection path t
 backends, with the same rejections; honest clients on real streams are never rejected.
 """
 import logging
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -27,6 +28,8 @@ from conftest import shifted_batches
 BAD, KEEP = 1, [0, 2, 3]
 LOCALS = {"bn": ("bn", {}), "tent": ("tent", {"params": "all", "lr": 1e-3}),
           "tent_running": ("tent", {"params": "all", "lr": 1e-3, "bn": "running"}),
+          # the Table 1 TTA-grad configuration whose honest FedCTTA clients the former probe_mean bound rejected
+          "tent_adam_running": ("tent", {"params": "all", "optimizer": "adam", "lr": 3e-4, "bn": "running"}),
           "rotta": ("rotta", {"memory_size": 8, "update_frequency": 4})}
 STRATEGY_PARAMS = {"fedtsa": {"server_steps": 5}}
 UPLOAD_OF = {"fedtsa": "indicator", "fedamp": "indicator", "fedctta": "probe_mean"}
@@ -113,8 +116,10 @@ def run(engine: Engine, keep=None):
     return out
 
 
+# FedCTTA's probe logits x10 are within its 100x bound (``UploadPolicy``): the liar isolates itself instead
+# (test_fedctta_probe_scale_lie_isolates_the_liar); x1e15 is still rejected
 CASES = [(s, f) for s in ("fedavg", "fedtsa", "fedamp", "fedctta") for f in FAULTS
-         if not (s == "fedavg" and FAULTS[f][1] == "uploads")]
+         if not (s == "fedavg" and FAULTS[f][1] == "uploads") and (s, f) != ("fedctta", "upload_x10")]
 
 
 @pytest.mark.parametrize("strategy,fault", CASES, ids=[f"{s}-{f}" for s, f in CASES])
@@ -146,7 +151,38 @@ def test_one_faulty_client_is_rejected_and_the_others_are_unaffected(strategy, f
         assert np.allclose(a.weights, b.weights, atol=1e-5)
 
 
-HONEST = [(lk, s) for lk in ("bn", "tent", "tent_running", "rotta")
+def test_fedctta_probe_scale_lie_isolates_the_liar():
+    """A client sending its probe logits x10 is not rejected, and W gives it ~no weight in the others' rows: a
+    scale lie on the statistic that only sets W moves the liar away from everyone (why ``probe_mean`` has 100x)."""
+    for backend in ("loop", "vectorized"):
+        honest = run(faulty("bn", "fedctta", backend=backend))
+        lied = run(faulty("bn", "fedctta", "uploads", "all", lambda v: _scale_row(v, 10.0), backend=backend))
+        for got, ref in zip(lied, honest):
+            assert not got.rejected.any()
+            assert (got.weights[KEEP, BAD] < 1e-6).all() and got.weights[BAD, BAD] > 0.999
+            # with the liar's weight moved to the honest clients, they stay at least as close to each other
+            assert (got.weights[np.ix_(KEEP, KEEP)].sum(1) >= ref.weights[np.ix_(KEEP, KEEP)].sum(1) - 1e-6).all()
+
+
+def test_probe_mean_bound_admits_a_confident_honest_client_and_rejects_a_blow_up():
+    """The scales of the honest FedCTTA TTA-grad client the former 8x bound rejected (stored run 61bd0146a53079ba,
+    step 740: 43.4 against a median of ~4.65, 9.3x) pass for ``probe_mean`` and are still caught for a mixed
+    statistic; 150x is caught for both."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(20, 10, generator=gen, dtype=torch.float64)
+    base = base / base.norm(dim=1, keepdim=True) * math.sqrt(10)  # every row RMS 1
+    for factor, probe_ok in ((9.3, True), (150.0, False)):
+        scales = torch.tensor([4.65] * 19 + [4.65 * factor], dtype=torch.float64)
+        rows = base * scales[:, None]
+        probe = validate_uploads({}, {"probe_mean": rows})
+        mixed = validate_uploads({}, {"feature_mean": rows})
+        assert probe.valid[:19].all() and bool(probe.valid[19]) == probe_ok
+        assert mixed.valid[:19].all() and not mixed.valid[19]
+        if not probe_ok:
+            assert "100x" in probe.reasons[19] and "probe_mean" in probe.reasons[19]
+
+
+HONEST = [(lk, s) for lk in ("bn", "tent", "tent_running", "tent_adam_running", "rotta")
           for s in ("fedavg", "fedtsa", "fedamp", "fedctta", "pfedgraph")]
 
 
