@@ -38,6 +38,18 @@ def one_thread():
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _threads_per_worker():
+    """Under pytest-xdist (``make test``: ``-n 2``) each worker process gets its share of the cores as torch
+    threads, so the workers do not oversubscribe the machine; a plain pytest keeps torch's default."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    yield
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _partial_runs_in_tmp(tmp_path_factory):
     """Grids keep unfinished runs under ``$FTTA_PARTIAL_DIR``: in tests a temporary folder, never the checkout's
     ``runs/partial`` (``workbook.partial_dir``)."""
