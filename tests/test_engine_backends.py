@@ -23,6 +23,9 @@ LOCAL_CONFIGS = {
     "roid": {},
     "rotta": {"memory_size": 8, "update_frequency": 4},
     "bbn": {"bn_momentum": 0.1},
+    "tentprox": {"params": "all", "optimizer": "sgd", "lr": 1e-3, "mu": 10.0},
+    "rdumb": {"params": "all", "optimizer": "adam", "lr": 1e-4, "bn": "running", "reset_every": 2},
+    "tentrestore": {"params": "all", "optimizer": "adam", "lr": 1e-4, "p": 0.2},
 }
 # the paper's options of EATA (skip_empty) and ROID (augment_kept_only) are checked on both backends with FedAvg in
 # tests/test_tta_methods.py (test_paper_options_backends_agree_with_fedavg): every strategy again would cost minutes

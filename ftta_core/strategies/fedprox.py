@@ -7,16 +7,8 @@ import torch
 
 from ..engine.bank import ClientBank, ForwardOutput, LossFn
 from .base import ClientHooks, RemembersStates
+from ..tta.tentprox import proximal_term  # the penalty, shared with the tentprox local method
 from .basic import FedAvg
-
-
-def proximal_term(params: Dict[str, torch.Tensor], anchor: Dict[str, torch.Tensor], mu: float) -> torch.Tensor:
-    """Per-client ``mu/2 * sum_k ||theta_k - anchor_k||^2`` [n] over the named parameters [n, ...]."""
-    total = None
-    for k, p in params.items():
-        sq = (p - anchor[k].to(p.device, p.dtype)).pow(2).reshape(p.shape[0], -1).sum(1)
-        total = sq if total is None else total + sq
-    return 0.5 * mu * total
 
 
 class FedProx(ClientHooks, RemembersStates, FedAvg):

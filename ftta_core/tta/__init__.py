@@ -11,6 +11,10 @@ from .eata import EATA
 from .roid import ROID
 from .rotta import RoTTA
 from .bbn import BBN
+from .anchored_tent import AnchoredTent
+from .tentprox import TentProx
+from .rdumb import RDumb
+from .tentrestore import TentRestore
 
 LOCAL_METHODS: Dict[str, Callable[..., LocalMethod]] = {
     "source": Source,
@@ -22,6 +26,9 @@ LOCAL_METHODS: Dict[str, Callable[..., LocalMethod]] = {
     "roid": ROID,
     "rotta": RoTTA,
     "bbn": BBN,
+    "tentprox": TentProx,
+    "rdumb": RDumb,
+    "tentrestore": TentRestore,
 }
 
 register_local = decorator("local method", LOCAL_METHODS, LocalMethod, """Register a local method under ``name``:
@@ -41,4 +48,5 @@ def build_local(name: str, **params: Any) -> LocalMethod:
 
 
 __all__ = ["LOCAL_METHODS", "build_local", "register_local", "LocalMethod", "GradientMethod", "select_parameters", "entropy",
-           "Source", "BatchNormAdapt", "Tent", "PseudoLabel", "EATA", "CoTTA", "ROID", "RoTTA", "BBN"]
+           "Source", "BatchNormAdapt", "Tent", "PseudoLabel", "EATA", "CoTTA", "ROID", "RoTTA", "BBN",
+           "AnchoredTent", "TentProx", "RDumb", "TentRestore"]

@@ -136,11 +136,17 @@ class GradientMethod(LocalMethod):
 
     def adapt(self, bank: ClientBank, x: torch.Tensor, regularizer: Optional[LossFn] = None) -> ForwardOutput:
         loss = combine(self.loss, regularizer)
+        first: Optional[ForwardOutput] = None
         with self.training(bank):
-            first = bank.adapt(x, loss, self.bn_mode)
-            for _ in range(self.steps - 1):
-                bank.adapt(x, loss, self.bn_mode)
+            for update in range(self.steps):
+                out = bank.adapt(x, loss, self.bn_mode)
+                self.after_update(bank, update)
+                first = out if first is None else first
         return first
+
+    def after_update(self, bank: ClientBank, update: int) -> None:
+        """Called after optimiser update ``update`` (0 .. steps-1) of every ``adapt``; nothing by default (an
+        anchored method restores parameters here, ``tta.tentrestore``)."""
 
     def training(self, bank: ClientBank) -> "_Training":
         """Context in which the bank's forwards are the reference code's train-mode ones (``bn='running'``: running

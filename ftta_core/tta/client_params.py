@@ -104,12 +104,14 @@ class AnchoredMethod(GradientMethod):
         return torch_generator(self.seed, self.name, purpose, self.step, *keys)
 
     def state_dict(self) -> dict:
+        """The step, the ``state_names`` and, with ``bn='running'``, the running statistics (``GradientMethod``)."""
         state = {name: _apply(getattr(self, name), lambda t: t.detach().cpu().clone()) for name in self.state_names}
-        return {"step": self.step, **state}
+        return {**super().state_dict(), "step": self.step, **state}
 
     def load_state_dict(self, state: dict) -> None:
         if not state:
             return
+        super().load_state_dict(state)
         self.step = int(state["step"])
         for name in self.state_names:
             setattr(self, name, _apply(state[name], lambda t: t.clone()))

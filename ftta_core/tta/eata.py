@@ -12,6 +12,11 @@ Follows ``classification/methods/eata.py`` of mariodoebler/test-time-adaptation 
 
 Per-client state (moving average, Fisher, anchor) has a leading client dimension.
 
+``select_samples`` (default True, EATA): False drops the sample selection and the re-weighting -- every sample
+counts with weight 1, the loss is Tent's batch-mean entropy plus the Fisher term -- i.e. EATA's Fisher (EWC)
+regulariser on its own ("Tent + Fisher anchor"; with ``fisher_alpha=0`` it is Tent exactly). The moving average
+and the ``last_*`` diagnostics are then over all samples.
+
 ``skip_empty``: what a client with no selected sample does. Default False, today's behaviour: it gets a zero loss
 (EWC term included) and still takes the optimiser step with the others, so plain SGD leaves it alone but Adam (and
 SGD with momentum) still moves it by its moments and advances its step count. It stays the default so that the
@@ -261,7 +266,9 @@ class EATA(AnchoredMethod):
     ``fisher_source`` names a source model of ``training.SOURCE_MODELS``: the Fisher is computed on the bank's
     first ``adapt`` from ``fisher_samples`` random images of its training set, in batches of ``fisher_batch``.
     ``skip_empty`` (default False): True skips the step of a client with no selected sample, as the paper (see the
-    module docstring).
+    module docstring). ``select_samples=False``: no selection or re-weighting, the Fisher regulariser on its own.
+    ``bn`` 'batch' (EATA) or 'running' (Tent's option: the reference clients' running statistics, adapted in
+    training forwards and used for prediction, kept in ``state_dict``).
     """
 
     name = "eata"
@@ -270,9 +277,10 @@ class EATA(AnchoredMethod):
     def __init__(self, params: str = "bn_affine", optimizer: str = "adam", lr: float = 1e-3, momentum: float = 0.0,
                  weight_decay: float = 0.0, steps: int = 1, e_margin: float = 0.4, d_margin: float = 0.4,
                  probs_momentum: float = 0.9, fisher_alpha: float = 1.0, fisher_source: Optional[str] = None,
-                 fisher_samples: int = 500, fisher_batch: int = 200, skip_empty: bool = False, seed: int = 0) -> None:
+                 fisher_samples: int = 500, fisher_batch: int = 200, skip_empty: bool = False, seed: int = 0,
+                 select_samples: bool = True, bn: str = "batch", bn_momentum: float = 0.1) -> None:
         super().__init__(seed=seed, params=params, optimizer=optimizer, lr=lr, momentum=momentum,
-                         weight_decay=weight_decay, steps=steps)
+                         weight_decay=weight_decay, steps=steps, bn=bn, bn_momentum=bn_momentum)
         if not e_margin > 0:
             raise ValueError(f"e_margin (E0 / ln C) must be positive, got {e_margin}")
         if not d_margin > 0:
@@ -293,6 +301,7 @@ class EATA(AnchoredMethod):
         self.fisher_alpha, self.fisher_source = fisher_alpha, fisher_source
         self.fisher_samples, self.fisher_batch = fisher_samples, fisher_batch
         self.skip_empty = bool(skip_empty)
+        self.select_samples = bool(select_samples)
         if self.skip_empty:  # only then part of the state: checkpoints of default runs keep their keys
             self.state_names = EATA.state_names + ("client_steps",)
         self.client_steps: Optional[torch.Tensor] = None  # [N] each client's optimiser step count (skip_empty)
@@ -315,14 +324,16 @@ class EATA(AnchoredMethod):
     def _select(self, logits: torch.Tensor, clients: slice) -> Tuple[torch.Tensor, torch.Tensor]:
         probs = None if self.probs is None else self.probs[clients]
         has = None if self.has_probs is None else self.has_probs[clients]
-        return eata_selection(logits.detach(), probs, has, self.e0(logits.shape[-1]), self.d_margin)
+        reliable, selected = eata_selection(logits.detach(), probs, has, self.e0(logits.shape[-1]), self.d_margin)
+        return (reliable, selected) if self.select_samples else (torch.ones_like(reliable), torch.ones_like(selected))
 
     def loss(self, out: ForwardOutput, params: Dict[str, torch.Tensor], x: torch.Tensor, clients: slice) -> torch.Tensor:
         ent = entropy(out.logits)
         _, selected = self._select(out.logits, clients)
         count = selected.sum(1)
         self._count = count.detach()
-        loss = (ent * sample_weights(ent, self.e0(out.logits.shape[-1])) * selected).sum(1) / count.clamp_min(1)
+        weights = sample_weights(ent, self.e0(out.logits.shape[-1])) if self.select_samples else 1.0
+        loss = (ent * weights * selected).sum(1) / count.clamp_min(1)
         if self.fisher is not None:
             loss = loss + self.fisher_alpha * ewc_penalty(params, self.source, self.fisher, clients)
         return torch.where(count > 0, loss, loss * 0)

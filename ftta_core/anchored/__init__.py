@@ -1,0 +1,253 @@
+"""Beyond the papers: is collaboration worth it once a client cannot drift? (issue 56)
+
+In the drift cell of FedTSA's Table 1 protocol (Tent on all parameters, running BN, Adam 3e-4: the cell chosen
+after seeing results where Local drifts below TTA-bn, ``fedtsa.step_rule.POST_HOC_STEP``) the source-anchored
+FedProx gains more over Local than any strategy of Table 1. None of the five papers compares its strategy with a
+client that simply cannot drift. This study crosses the anchored local methods (``CLIENTS``) with Local and the
+strategies of ``STRATEGIES``, NIID and IID, at ``SEEDS``, and asks, with the statistics module's paired intervals:
+
+1. each strategy's gain over Local, with a plain client and with each anchored client (``gains_table``);
+2. whether the best federated result beats the best local one, per setting (``best_table``);
+3. what collaboration costs in uploaded bytes for what it gains (``cost_table``).
+
+The design, stated before any of its runs (each anchor's strength comes from its own paper or from a stored run,
+never from this study's outcomes):
+
+- ``plain``: Tent itself (the drift cell's client); its runs are the stored Table 1 runs
+  (``figures/fedtsa_table1/runs``, read, never rewritten).
+- ``prox``: ``tentprox`` with ``mu = 1``: the strength of the stored ``fedprox_source`` runs whose gain raised the
+  question (``strategies.fedprox_source`` default), so "Local + prox" is that anchor without a server.
+- ``restore``: ``tentrestore`` with ``p = 0.01``: CoTTA's restore probability for CIFAR-10-C (Wang et al. 2022).
+- ``fisher``: ``eata`` with ``select_samples=False``: EATA's Fisher regulariser alone, ``fisher_alpha = 1`` (the
+  reference configuration's CIFAR-10-C value, ``tta.eata`` default) on the Fisher of 500 source images.
+- ``reset``: ``rdumb``: RDumb's T = 1,000 steps would never fire in a 750-step run, so its period is chosen by a
+  rule on Local alone at the held-out seed ``fedtsa.step_rule.HELD_OUT_SEED`` (NIID), as the step size was: the
+  period of ``RESET_GRID`` with the highest Local accuracy there (``reset_selection``); no strategy's run enters.
+
+The paper's own TTA-grad cell (``CHECK_CELL``: SGD 1e-4, batch BN) is run at one seed (``CHECK_SEED``) as a check
+that the answer is not an artefact of the drift cell. ``python -m ftta_core.anchored`` plans every missing run
+(``FTTA_PLAN``) and runs the plan (resumable: stored runs are skipped, each run is stored as it finishes).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from .. import stats
+from ..experiment import ExperimentConfig
+from ..fedtsa.step_rule import CELL, HELD_OUT_SEED, POST_HOC_STEP
+from ..fedtsa.table1 import table1_config
+from ..workbook import strategy_comparison
+
+REPO = Path(__file__).resolve().parents[2]
+RUNS_DIR = REPO / "figures" / "anchored" / "runs"
+TABLE1_RUNS = REPO / "figures" / "fedtsa_table1" / "runs"
+DATASET = "cifar10"
+SETTINGS = ("niid", "iid")
+SEEDS = (0, 1, 2)
+STRATEGIES = ("local", "fedavg", "fedtsa", "fedctta", "pfedgraph")
+DRIFT_STEP = POST_HOC_STEP
+CHECK_CELL, CHECK_SEED = "grad", 0
+RESET_GRID = (50, 150, 375)  # 15, 5 and 2 resets in a 750-step run
+# client -> (local method, its parameters beyond the cell's, why this strength): stated before any run
+CLIENTS: Dict[str, Tuple[str, Dict[str, Any], str]] = {
+    "plain": ("tent", {}, "the drift cell's client"),
+    "prox": ("tentprox", {"mu": 1.0}, "mu of the stored fedprox_source runs"),
+    "restore": ("tentrestore", {"p": 0.01}, "CoTTA's p for CIFAR-10-C"),
+    "fisher": ("eata", {"select_samples": False, "fisher_alpha": 1.0, "fisher_source": "resnet8_cifar10",
+                        "fisher_samples": 500}, "EATA's CIFAR-10-C fisher_alpha, 500 source images"),
+    "reset": ("rdumb", {}, "period chosen on Local at the held-out seed (reset_selection)"),
+}
+
+
+def client_config(client: str, setting: str, cell: str = CELL, lr: Optional[float] = DRIFT_STEP,
+                  reset_every: Optional[int] = None) -> ExperimentConfig:
+    """The Table 1 protocol config of ``client`` in ``cell`` (``lr``: the cell's step instead of its own; None: the
+    cell's), strategy 'local' and seed 0 (the grid sets both). ``reset_every``: the ``reset`` client's period."""
+    if client not in CLIENTS:
+        raise ValueError(f"client must be one of {sorted(CLIENTS)}, got {client!r}")
+    base = table1_config(DATASET, setting, cell, lr=lr)
+    local, extra, _ = CLIENTS[client]
+    if client == "reset":
+        if reset_every is None:
+            raise ValueError("the reset client needs reset_every (reset_selection picks it)")
+        extra = {**extra, "reset_every": int(reset_every)}
+    if client == "plain":
+        return base
+    return dataclasses.replace(base, local=local, local_params={**base.local_params, **extra})
+
+
+def _grid(cfg: ExperimentConfig, strategies: Sequence[str], seeds: Sequence[int], only_cached: bool) -> pd.DataFrame:
+    RUNS_DIR.mkdir(parents=True, exist_ok=True)
+    out = strategy_comparison(cfg, strategies, seeds, results_dir=RUNS_DIR, only_cached=only_cached,
+                              also_read=[TABLE1_RUNS])
+    return out.rename(columns={"variant": "strategy"})
+
+
+def reset_selection(only_cached: bool = True) -> pd.DataFrame:
+    """Local with the ``reset`` client at each period of ``RESET_GRID`` on the held-out seed (NIID): one row per
+    period with its accuracy (NaN while a run is missing)."""
+    rows = []
+    for period in RESET_GRID:
+        g = _grid(client_config("reset", "niid", reset_every=period), ["local"], [HELD_OUT_SEED], only_cached)
+        rows.append({"reset_every": period, "accuracy": float(g["accuracy"].iloc[0]) if len(g) else float("nan")})
+    return pd.DataFrame(rows)
+
+
+def chosen_reset(table: pd.DataFrame) -> Optional[int]:
+    """The period the rule picks (highest held-out Local accuracy; ties: the longer period), None while a selection
+    run is missing."""
+    if table["accuracy"].isna().any():
+        return None
+    best = table["accuracy"].max()
+    return int(table.loc[table["accuracy"] == best, "reset_every"].max())
+
+
+def study_runs(only_cached: bool = True, clients: Sequence[str] = tuple(CLIENTS)) -> pd.DataFrame:
+    """Every run of the study (the drift cell at ``SEEDS`` and the check cell at ``CHECK_SEED``): one row per
+    (cell, setting, client, strategy, seed) with the summary's accuracy and upload bytes. The ``reset`` client is
+    left out until ``reset_selection`` has picked its period."""
+    period = chosen_reset(reset_selection(only_cached))
+    frames = []
+    for cell, lr, seeds in ((CELL, DRIFT_STEP, SEEDS), (CHECK_CELL, None, (CHECK_SEED,))):
+        for setting in SETTINGS if cell == CELL else ("niid",):
+            for client in clients:
+                if client == "reset" and period is None:
+                    continue
+                cfg = client_config(client, setting, cell, lr, reset_every=period)
+                g = _grid(cfg, STRATEGIES, seeds, only_cached)
+                frames.append(g.assign(cell=cell, setting=setting, client=client))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _by_seed(runs: pd.DataFrame, client: str, strategy: str) -> pd.Series:
+    here = runs[(runs.client == client) & (runs.strategy == strategy)]
+    return here.set_index("seed")["accuracy"]
+
+
+def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
+    """Per setting, client and federated strategy: its gain over Local with the same client and over Local with the
+    plain client, paired by seed (``stats.paired``), with ``stats.comparison``'s verdict."""
+    rows: List[Dict[str, Any]] = []
+    runs = runs[runs.cell == cell]
+    for setting, here in runs.groupby("setting", sort=False):
+        for client in pd.unique(here.client):
+            for strategy in [s for s in STRATEGIES if s != "local"]:
+                mine = _by_seed(here, client, strategy)
+                if mine.empty:
+                    continue
+                for versus, base in (("Local, same client", client), ("Local, plain client", "plain")):
+                    est = stats.paired(mine, _by_seed(here, base, "local"))
+                    rows.append({"setting": setting, "client": client, "strategy": strategy, "versus": versus,
+                                 "gain": est.mean, "low": est.low, "high": est.high, "seeds": est.n,
+                                 "seed ids": tuple(int(s) for s in est.seeds), "comparison": stats.comparison(est)})
+    return pd.DataFrame(rows)
+
+
+def best_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
+    """Per setting: the best federated (client, strategy) by mean accuracy against the best local client, paired by
+    seed, with ``stats.comparison``. The two bests are picked on the means of these very runs, so the row says
+    which they are; the interval is for that pair."""
+    rows = []
+    runs = runs[runs.cell == cell]
+    for setting, here in runs.groupby("setting", sort=False):
+        means = here.groupby(["client", "strategy"])["accuracy"].mean()
+        local = means[means.index.get_level_values("strategy") == "local"]
+        fed = means[means.index.get_level_values("strategy") != "local"]
+        if local.empty or fed.empty:
+            continue
+        (fc, fs), (lc, _) = fed.idxmax(), local.idxmax()
+        est = stats.paired(_by_seed(here, fc, fs), _by_seed(here, lc, "local"))
+        rows.append({"setting": setting, "best federated": f"{fs} + {fc}", "its accuracy": fed.max(),
+                     "best local": f"local + {lc}", "local accuracy": local.max(), "difference": est.mean,
+                     "low": est.low, "high": est.high, "seeds": est.n, "comparison": stats.comparison(est)})
+    return pd.DataFrame(rows)
+
+
+def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
+    """Per strategy and client: the bytes each client uploads per step (from the run records) beside its mean gain
+    over Local with the same client, averaged over the settings."""
+    runs = runs[runs.cell == cell]
+    up = runs.groupby(["strategy", "client"])["upload_bytes_per_client_step"].mean().rename("bytes per client step")
+    same = gains[gains.versus == "Local, same client"].groupby(["strategy", "client"])["gain"].mean()
+    return pd.concat([up, same.rename("mean gain over Local")], axis=1).dropna().reset_index()
+
+
+def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
+    """The answer in sentences computed from ``gains`` and ``best`` (no sentence is printed without its rows)."""
+    if gains.empty:
+        return "No run of the anchored-client study is stored yet (python -m ftta_core.anchored runs them)."
+    lines = []
+    same = gains[gains.versus == "Local, same client"]
+    for setting, here in same.groupby("setting", sort=False):
+        ahead = here[here.comparison == "ahead"]
+        per_client = {c: sorted(g.strategy) for c, g in ahead.groupby("client")}
+        told = "; ".join(f"{c}: {', '.join(s)}" for c, s in per_client.items()) or "none"
+        lines.append(f"{setting.upper()}: strategies ahead of Local with the same client (95 % interval above 0), "
+                     f"by client: {told} (of {len(here)} pairs, {int((here.seeds < stats.MIN_SEEDS).sum())} with "
+                     f"fewer than {stats.MIN_SEEDS} seeds).")
+    for r in best.to_dict("records"):
+        lines.append(f"{r['setting'].upper()}: best federated {r['best federated']} ({r['its accuracy']:.2f}) minus "
+                     f"best local {r['best local']} ({r['local accuracy']:.2f}) = {r['difference']:+.2f} "
+                     f"[{r['low']:+.2f}, {r['high']:+.2f}] ({r['seeds']} seeds): {r['comparison']} (both picked "
+                     "on these runs' means).")
+    return "\n".join(lines)
+
+
+def gains_figure(gains: pd.DataFrame) -> Any:
+    """Each strategy's gain over Local with the same client, one colour per client, NIID and IID panels on one
+    y-scale, 95 % interval bars over paired seeds, the ±``stats.MARGIN`` band shaded."""
+    from .. import plots
+    from ..paper import METHOD_LABELS
+
+    shown = gains[gains.versus == "Local, same client"].assign(
+        ci95=lambda d: (d["high"] - d["low"]) / 2, method=lambda d: d.strategy.map(METHOD_LABELS).fillna(d.strategy),
+        setting=lambda d: d.setting.str.upper() + " clients").rename(columns={"gain": "gain over Local"})
+    axes = plots.gains_by_panel(shown, ["setting"], hue="client", err="ci95", tie=stats.MARGIN, ncols=1,
+                                panel_size=(9.0, 3.0), err_label="bar: 95 % t interval over paired seeds",
+                                key_title="client (local method)")
+    axes[0].figure.suptitle("What each strategy adds over Local when both use the same client, drift cell "
+                            f"(running BN, Adam {DRIFT_STEP:g})")
+    return axes[0].figure
+
+
+def plan_and_run(workers: int, plan: Path) -> int:
+    """Plan the missing runs (reset selection first, then the study), run the plan, and repeat once the reset
+    period is known. Returns run-plan's exit status."""
+    import subprocess
+    import sys
+
+    def once() -> int:
+        os.environ["FTTA_PLAN"] = str(plan)
+        try:
+            reset_selection(only_cached=False)
+            study_runs(only_cached=False)
+        finally:
+            os.environ.pop("FTTA_PLAN", None)
+        if not plan.exists():
+            return 0
+        return subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", str(workers),
+                               "--threads", "1"]).returncode
+
+    rc = once()
+    return rc or once()  # the reset client's runs can be planned only after its period is chosen
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m ftta_core.anchored [--workers N]``: plan and run the study's missing runs (resumable)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--plan", type=Path, default=REPO / "figures" / "anchored" / "anchored.plan.jsonl")
+    args = p.parse_args(argv)
+    return plan_and_run(args.workers, args.plan)
+
+
+__all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "client_config", "reset_selection",
+           "chosen_reset", "study_runs", "gains_table", "best_table", "cost_table", "reading", "gains_figure",
+           "plan_and_run", "main"]

@@ -1,0 +1,79 @@
+"""The anchored-client study (``ftta_core.anchored``, issue 56): its configs reuse the stored Table 1 runs for the
+plain client, its plan holds exactly the missing runs, and its tables pair by seed through the statistics module."""
+import json
+
+import pandas as pd
+import pytest
+
+from ftta_core import anchored, stats
+from ftta_core.workbook import config_key
+from ftta_core.fedtsa.table1 import table1_config
+
+
+def test_the_plain_client_is_the_stored_table1_cell_and_anchors_only_add_their_parameters():
+    plain = anchored.client_config("plain", "niid")
+    assert config_key(plain) == config_key(table1_config("cifar10", "niid", anchored.CELL, lr=anchored.DRIFT_STEP))
+    for client, (local, extra, _) in anchored.CLIENTS.items():
+        if client == "plain":
+            continue
+        cfg = anchored.client_config(client, "iid", reset_every=150)
+        assert cfg.local == local and cfg.scenario == "fedtsa_iid"
+        assert {k: v for k, v in cfg.local_params.items() if k not in extra and k != "reset_every"} == \
+            plain.local_params
+        assert all(cfg.local_params[k] == v for k, v in extra.items())
+    with pytest.raises(ValueError, match="reset_every"):
+        anchored.client_config("reset", "niid")
+    with pytest.raises(ValueError, match="client must be one of"):
+        anchored.client_config("anchor", "niid")
+
+
+def test_the_plan_holds_the_missing_runs_and_reads_the_stored_plain_ones(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.jsonl"
+    monkeypatch.setenv("FTTA_PLAN", str(plan))
+    monkeypatch.setattr(anchored, "RUNS_DIR", tmp_path / "runs")
+    assert anchored.chosen_reset(anchored.reset_selection(only_cached=False)) is None
+    runs = anchored.study_runs(only_cached=False)
+    # every plain run is stored with the Table 1 runs: 5 strategies x (2 settings x 3 seeds + the check seed)
+    assert set(runs.client) == {"plain"} and len(runs) == len(anchored.STRATEGIES) * 7
+    jobs = [json.loads(line) for line in plan.read_text().splitlines()]
+    anchors = [c for c in anchored.CLIENTS if c not in ("plain", "reset")]
+    assert len(jobs) == len(anchored.RESET_GRID) + len(anchors) * len(anchored.STRATEGIES) * 7
+    assert {j["config"]["local"] for j in jobs} == {"rdumb", *(anchored.CLIENTS[c][0] for c in anchors)}
+
+
+def _fake_runs(plain: pd.DataFrame) -> pd.DataFrame:
+    """The stored plain runs, and an anchored client 'prox' whose accuracy is each plain run's + 3 (Local) or + 1
+    (every strategy): every strategy's gain over Local with the same client is 2 points less than the plain
+    client's, its gain over Local with the plain client 1 point more."""
+    prox = plain.assign(client="prox", accuracy=plain.accuracy + (plain.strategy == "local") * 2.0 + 1.0)
+    return pd.concat([plain, prox], ignore_index=True)
+
+
+def test_tables_pair_by_seed_through_the_statistics_module():
+    runs = _fake_runs(anchored.study_runs(only_cached=True, clients=("plain",)))
+    gains = anchored.gains_table(runs)
+    for (setting, strategy), g in gains.groupby(["setting", "strategy"]):
+        plain = g[(g.client == "plain") & (g.versus == "Local, same client")].iloc[0]
+        prox_same = g[(g.client == "prox") & (g.versus == "Local, same client")].iloc[0]
+        prox_plain = g[(g.client == "prox") & (g.versus == "Local, plain client")].iloc[0]
+        assert prox_same.gain == pytest.approx(plain.gain - 2.0) and prox_plain.gain == pytest.approx(plain.gain + 1)
+        here = runs[(runs.cell == anchored.CELL) & (runs.setting == setting) & (runs.client == "plain")]
+        est = stats.paired(here[here.strategy == strategy].set_index("seed").accuracy,
+                           here[here.strategy == "local"].set_index("seed").accuracy)
+        assert plain.seeds == est.n == 3 and plain.comparison == stats.comparison(est)
+    best = anchored.best_table(runs)
+    assert set(best.setting) == set(anchored.SETTINGS) and best["best local"].eq("local + prox").all()
+    text = anchored.reading(gains, best)
+    assert "NIID" in text and "IID" in text and "best local local + prox" in text
+    cost = anchored.cost_table(runs, gains)
+    assert (cost["bytes per client step"] > 0).all()
+
+
+def test_the_reading_says_when_nothing_is_stored():
+    assert "No run" in anchored.reading(pd.DataFrame(), pd.DataFrame())
+
+
+def test_reset_rule_picks_the_best_held_out_period_and_waits_for_every_run():
+    table = pd.DataFrame({"reset_every": [50, 150, 375], "accuracy": [40.0, 45.0, 45.0]})
+    assert anchored.chosen_reset(table) == 375
+    assert anchored.chosen_reset(table.assign(accuracy=[40.0, float("nan"), 1.0])) is None
