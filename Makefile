@@ -49,17 +49,19 @@ quickstart: $(STAMP)
 	@echo "install: done ($(VENV) is up to date with pyproject.toml)" >&2
 	$(PY) -m ftta_core notebooks 00_quickstart --out-dir runs/quickstart --show
 
-# TEST_WORKERS pytest-xdist processes (one per core; tests/conftest.py gives each its share of torch threads);
-# --dist loadfile keeps a test file, and a notebook's cells, in one process. TEST_WORKERS=0: one process, in order.
+# TEST_WORKERS pytest-xdist processes (one per core; tests/conftest.py gives each its share of torch threads).
+# make test: --dist loadfile keeps a test file, and a notebook's cells (which share one kernel), in one process;
+# make test-fast has no notebooks: --dist worksteal balances single tests. TEST_WORKERS=0: one process, in order.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST_FAST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: $(STAMP)
 	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks --nbval-lax -p no:cacheprovider $(XDIST)
 
 # the unit tests without the notebooks and without the tests that start servers or processes (tests/conftest.py
-# SLOW_FILES): the float64 oracles, the unit lock and the run store included
+# SLOW_FILES, and single tests marked slow): the float64 oracles, the unit lock and the run store included
 test-fast: $(STAMP)
-	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests -m "not slow" -q -p no:cacheprovider $(XDIST)
+	FTTA_SMOKE=1 MPLBACKEND=Agg $(PY) -m pytest tests -m "not slow" -q -p no:cacheprovider $(XDIST_FAST)
 
 # every notebook in smoke mode; executed copies (and any figures) under runs/notebooks/smoke/, nothing tracked written
 notebooks: $(STAMP)

@@ -10,7 +10,7 @@ import hashlib
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Set
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set
 
 PACKAGE = "ftta_core"
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -83,6 +83,12 @@ def _imports(name: str, path: Path) -> Set[str]:
     every method or loader, and a run depends on the ones it uses (``build.code_record`` adds them)."""
     if name in UNFOLLOWED:
         return set()
+    return set(_file_imports(name, path, path.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=None)
+def _file_imports(name: str, path: Path, mtime_ns: int) -> FrozenSet[str]:
+    """``_imports`` of the file as it is at ``mtime_ns`` (parsed once per process and version of the file)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
     skipped = {id(n) for s in tree.body if is_type_checking_block(s) for n in ast.walk(s)}
@@ -107,7 +113,7 @@ def _imports(name: str, path: Path) -> Set[str]:
             found_path = module_path(t)
             if found_path is not None and found_path.name != "__init__.py":
                 found.add(t)
-    return found
+    return frozenset(found)
 
 
 @lru_cache(maxsize=None)

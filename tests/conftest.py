@@ -9,7 +9,9 @@ from ftta_core.contract import assert_runs_agree, shifted_batches  # noqa: F401 
 from ftta_core.training import load_source_model
 
 
-# test files that start servers or processes (Flower, Ray, JupyterLab, notebook runs): left out by `make test-fast`
+# test files that start servers or processes (Flower, Ray, JupyterLab, notebook runs): left out by `make test-fast`,
+# as are the single tests marked ``@pytest.mark.slow`` elsewhere (a real process killed and resumed, worker processes,
+# ``python -m ftta_core`` in a subprocess)
 SLOW_FILES = frozenset({"test_flower.py", "test_flower_deployment.py", "test_flower_faults.py", "test_ray_plan.py",
                         "test_lab.py", "test_notebook_runs.py", "test_plan.py", "test_plugins.py",
                         "test_results_summary.py"})

@@ -10,6 +10,7 @@ from ftta_core.cli import build_parser, main
 COMMANDS = ["run", "train-source", "eval-source", "cards", "gallery", "notebooks", "fedtsa-table", "case-study"]
 
 
+@pytest.mark.slow  # starts real processes: make test, not make test-fast
 def test_top_level_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "ftta_core", "--help"], capture_output=True, text=True, check=True)
     for cmd in COMMANDS:

@@ -169,6 +169,7 @@ def child_env(**extra: str) -> Dict[str, str]:
     return {**env, "OMP_NUM_THREADS": "1", **extra}
 
 
+@pytest.mark.slow  # starts real processes: make test, not make test-fast
 def test_the_example_plugin_runs_and_is_listed_through_the_command_line(tmp_path):
     base = [sys.executable, "-m", "ftta_core", "run", "--plugin", str(EXAMPLE_PLUGIN.relative_to(REPO))]
     out = tmp_path / "run"

@@ -241,6 +241,7 @@ def test_other_commands_that_build_configs_report_one_line(tmp_path, capsys):
     assert "unknown dataset 'nope'" in one_line(capsys.readouterr().err)
 
 
+@pytest.mark.slow  # starts real processes: make test, not make test-fast
 def test_python_m_ftta_core_reports_a_bad_config_without_a_traceback(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("smoke: \"false\"\n")

@@ -129,6 +129,7 @@ def test_a_run_folder_written_before_digests_is_read_unchecked(tmp_path, referen
     assert [e.status for e in scan(tmp_path)] == ["current"]
 
 
+@pytest.mark.slow  # starts real processes: make test, not make test-fast
 def test_kill_9_then_a_flipped_checkpoint_restarts_a_real_process_with_one_line(tmp_path, reference):
     """A real ``python -m ftta_core run`` SIGKILLed after its first checkpoint, whose checkpoint then loses a byte:
     the next command names the file in one line on stderr and makes the run the uninterrupted run makes."""

@@ -121,6 +121,7 @@ def test_checkpoints_written_before_byte_counts_still_resume(tmp_path, monkeypat
     assert_same_run(folder, reference)
 
 
+@pytest.mark.slow  # starts real processes: make test, not make test-fast
 @pytest.mark.parametrize("kill_when", ["checkpoint.pt", "collaboration.npz"])
 def test_kill_9_of_a_real_process_then_resume(tmp_path, reference, kill_when):
     """A real ``python -m ftta_core run`` killed with SIGKILL when ``kill_when`` first appears (after the first
@@ -291,6 +292,7 @@ def test_reproduce_marks_a_stale_run_current_only_when_every_number_agrees(tmp_p
     assert main(["reproduce", str(tmp_path / "missing.json")]) == 2
 
 
+@pytest.mark.slow  # starts worker processes: make test, not make test-fast
 @pytest.mark.usefixtures("certified_as_is")
 def test_reproduce_runs_several_stale_runs_in_worker_processes_through_resumable_folders(tmp_path, capsys,
                                                                                           monkeypatch, reference):

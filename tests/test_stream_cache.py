@@ -143,6 +143,7 @@ def _fill_in_process(cache_dir: str, barrier, out: str) -> None:
     np.save(out, np.stack([d.domain_images(i) for i in range(len(NAMES))]))
 
 
+@pytest.mark.slow  # starts real processes: make test, not make test-fast
 def test_two_processes_filling_a_cold_cache_both_succeed_with_identical_arrays(base, tmp_path):
     cache = tmp_path / "cache"
     ctx = multiprocessing.get_context("spawn")
