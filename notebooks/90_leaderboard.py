@@ -192,6 +192,36 @@ display(tables.show(claims.set_index(["cell class", "source", "claim", "settled 
 display(Markdown(fidelity.claims_reading(claims)))
 
 # %% [markdown]
+# ## Clients that cannot drift
+# In the drift cell (running BN, Adam 3e-4) the source-anchored FedProx gains more over Local than any strategy of
+# Table 1. Does a strategy still add points once each client is anchored to the source on its own? The study
+# `ftta_core.anchored` crosses anchored clients (a proximal term to the source, CoTTA's stochastic restore alone,
+# EATA's Fisher term alone, periodic resets) with Local and four strategies, NIID and IID, at seeds 0-2; every
+# anchor's strength was stated in that module before its runs. Its plain-client rows are the stored Table 1 runs; the
+# anchored rows fill in as `python -m ftta_core.anchored` stores runs (the coverage line says how many). Each
+# strategy's gain is paired by seed with Local *using the same client*, and with Local using the plain client.
+
+# %%
+from ftta_core import anchored
+
+anchored_runs = anchored.study_runs(only_cached=True)
+coverage = anchored_runs[anchored_runs.cell == anchored.CELL].groupby("client").size()
+print("stored runs of the drift cell per client (of "
+      f"{len(anchored.STRATEGIES) * len(anchored.SETTINGS) * len(anchored.SEEDS)} each): "
+      + ", ".join(f"{c} {n}" for c, n in coverage.items())
+      + "; not stored yet: " + (", ".join(sorted(set(anchored.CLIENTS) - set(coverage.index))) or "none"))
+anchored_gains = anchored.gains_table(anchored_runs)
+anchored_best = anchored.best_table(anchored_runs)
+display(tables.show(anchored_gains.set_index(["setting", "client", "strategy", "versus"])
+                    [["gain", "low", "high", "seeds", "comparison"]], best=None, digits=2))
+display(tables.show(anchored_best.set_index("setting"), best=None, digits=2))
+display(tables.show(anchored.cost_table(anchored_runs, anchored_gains).set_index(["strategy", "client"]), best=None,
+                    digits=2))
+fig = anchored.gains_figure(anchored_gains)
+fig.savefig(Path(figure_dir) / "anchored_gains.png", dpi=120, bbox_inches="tight")
+display(Markdown(anchored.reading(anchored_gains, anchored_best)))
+
+# %% [markdown]
 # ## Reading it
 # The leaderboard's best cells and the gains over `local` are the headline: a strategy is only worth its
 # communication where it adds points over `local` with a confidence interval that excludes zero. The leakage table

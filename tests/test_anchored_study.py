@@ -66,7 +66,7 @@ def test_tables_pair_by_seed_through_the_statistics_module():
     text = anchored.reading(gains, best)
     assert "NIID" in text and "IID" in text and "best local local + prox" in text
     cost = anchored.cost_table(runs, gains)
-    assert (cost["bytes per client step"] > 0).all()
+    assert (cost["MB uploaded per client step"] > 0).all()
 
 
 def test_the_reading_says_when_nothing_is_stored():

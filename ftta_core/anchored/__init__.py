@@ -140,7 +140,8 @@ def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
                 mine = _by_seed(here, client, strategy)
                 if mine.empty:
                     continue
-                for versus, base in (("Local, same client", client), ("Local, plain client", "plain")):
+                pairs = [("Local, same client", client)] + ([("Local, plain client", "plain")] if client != "plain" else [])
+                for versus, base in pairs:
                     est = stats.paired(mine, _by_seed(here, base, "local"))
                     rows.append({"setting": setting, "client": client, "strategy": strategy, "versus": versus,
                                  "gain": est.mean, "low": est.low, "high": est.high, "seeds": est.n,
@@ -169,10 +170,11 @@ def best_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
 
 
 def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
-    """Per strategy and client: the bytes each client uploads per step (from the run records) beside its mean gain
-    over Local with the same client, averaged over the settings."""
+    """Per strategy and client: the megabytes each client uploads per step (from the run records) beside its mean
+    gain over Local with the same client, averaged over the settings."""
     runs = runs[runs.cell == cell]
-    up = runs.groupby(["strategy", "client"])["upload_bytes_per_client_step"].mean().rename("bytes per client step")
+    up = (runs.groupby(["strategy", "client"])["upload_bytes_per_client_step"].mean() / 1e6).rename(
+        "MB uploaded per client step")
     same = gains[gains.versus == "Local, same client"].groupby(["strategy", "client"])["gain"].mean()
     return pd.concat([up, same.rename("mean gain over Local")], axis=1).dropna().reset_index()
 
