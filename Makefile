@@ -78,7 +78,7 @@ BASELINES := local fedavg fedavg_ft fedprox fedavgm fedamp moon pfedsd pfedgraph
 SEEDS ?= 0 1 2
 WORKERS ?= 1
 PLAN ?= runs/paper-runs.plan.jsonl
-TABLE1 = $(PY) -m ftta_core fedtsa-table --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) \
+TABLE1 = $(PY) -m ftta_core study fedtsa table --strategies $(BASELINES) fedtsa fedctta --seeds $(SEEDS) \
 	--results figures/fedtsa_table1/runs
 paper-runs: $(STAMP)
 	rm -f $(PLAN)
@@ -87,7 +87,7 @@ paper-runs: $(STAMP)
 	if [ -s $(PLAN) ]; then $(PY) -m ftta_core run-plan $(PLAN) --workers $(WORKERS); fi
 	$(TABLE1) --tta bn --table figures/fedtsa_table1/cifar10_bn --only-cached
 	$(TABLE1) --tta grad --table figures/fedtsa_table1/cifar10_grad --only-cached
-	$(PY) -m ftta_core case-study --tta bn --out figures/case_study/cifar10_bn
+	$(PY) -m ftta_core study fedtsa case-study --tta bn --out figures/case_study/cifar10_bn
 	$(PY) -m ftta_core notebooks 10_fedtsa 11_fedtsa_ablations 12_fedtsa_collaboration --in-place
 
 # the workbook as a static site in site/ (mkdocs.yml; the `docs` extra, installed by the install step because

@@ -24,7 +24,7 @@ import torch
 
 from ftta_core.loop import Engine
 from ftta_core.models import build_model
-from ftta_core.fedctta.server_cost import peak_allocation, tensor_bytes
+from studies.fedctta.server_cost import peak_allocation, tensor_bytes
 from ftta_core.stream import StreamBatch
 from ftta_core.strategies import build_strategy
 from ftta_core.tta import build_local

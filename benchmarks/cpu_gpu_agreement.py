@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from ftta_core.experiment import run_strategies
-from ftta_core.fedtsa.table1 import table1_config
+from studies.fedtsa.table1 import table1_config
 from ftta_core.workbook import config_key
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +33,7 @@ def main() -> None:
     for s in args.strategies:
         path = args.results / f"{config_key(dataclasses.replace(base, strategy=s))}.json"
         if not path.exists():
-            raise SystemExit(f"no stored run for {s} ({path}); run it first with fedtsa-table")
+            raise SystemExit(f"no stored run for {s} ({path}); run it first with `python -m ftta_core study fedtsa table`")
         stored[s] = json.loads(path.read_text())
     cpu = run_strategies(dataclasses.replace(base, device="cpu"), args.strategies)
     rows = []

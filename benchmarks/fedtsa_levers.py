@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from frozen import ts_block_v1 as v1  # noqa: E402
-from ftta_core.fedctta.server_cost import fill_indicator_memory  # noqa: E402
+from studies.fedctta.server_cost import fill_indicator_memory  # noqa: E402
 from ftta_core.rng import torch_generator  # noqa: E402
 from ftta_core.strategies.fedtsa import FedTSA  # noqa: E402
 from ftta_core.strategies.ts_block import TSBlock  # noqa: E402

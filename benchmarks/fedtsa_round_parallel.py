@@ -18,7 +18,7 @@ from typing import List, Tuple
 
 import torch
 
-from ftta_core.fedctta.server_cost import fill_indicator_memory
+from studies.fedctta.server_cost import fill_indicator_memory
 from ftta_core.rng import torch_generator
 from ftta_core.strategies.fedtsa import FedTSA, one_torch_thread
 from results_io import run_metadata, write_results

@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 
 from ftta_core.rng import torch_generator
-from ftta_core.fedctta.server_cost import fill_indicator_memory
+from studies.fedctta.server_cost import fill_indicator_memory
 from ftta_core.strategies.fedtsa import FedTSA, _IterationMasks, round_mse
 from ftta_core.strategies.ts_block import bernoulli_uniforms, similarity_mask
 

@@ -22,7 +22,7 @@ from typing import Dict, List
 import torch
 
 from ftta_core.models import build_model
-from ftta_core.fedctta.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
+from studies.fedctta.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
                                            model_dims, peak_allocation, probe_forward_cost, server_round,
                                            summarize_rounds, synthetic_inputs, upload_bytes, upload_shapes)
 from ftta_core.strategies import Strategy, build_strategy

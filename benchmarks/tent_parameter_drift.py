@@ -17,7 +17,7 @@ import torch
 
 from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream, local_params
-from ftta_core.paper import TTA_SETTINGS
+from studies.paper import TTA_SETTINGS
 from ftta_core.rng import derive_seed
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model

@@ -10,7 +10,7 @@ the labelled phases (recording, checks). Absolute numbers depend on the machine 
     python benchmarks/where_time_goes.py [--device cpu|cuda] [--steps 20] [--cases bn+fedavg bn+fedtsa ...] [--top 8]
 
 Also the protocol's wall time per strategy: ms per step of an un-profiled run of the same steps x 750 (one strategy
-per run; ``fedtsa-table --tta bn`` shares the local phase between baselines and is faster than their sum).
+per run; ``study fedtsa table --tta bn`` shares the local phase between baselines and is faster than their sum).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.paper import TTA_SETTINGS
+from studies.paper import TTA_SETTINGS
 
 STEP = "ftta.step"  # the whole step (stream, engine, recording): the denominator of the shares
 PHASES = ("ftta.stream", "ftta.source", "ftta.adapt", "ftta.uploads", "ftta.server", "ftta.mix", "ftta.predict")

@@ -31,10 +31,10 @@ if str(REPO) not in sys.path:  # run as a script from anywhere
 
 import yaml  # noqa: E402
 
-from ftta_core.pfedbbn import imbalance  # noqa: E402
+from studies.pfedbbn import imbalance  # noqa: E402
 from ftta_core.experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig  # noqa: E402
-from ftta_core.paper import TTA_SETTINGS  # noqa: E402
-from ftta_core.fedtsa.table1 import table1_config
+from studies.paper import TTA_SETTINGS  # noqa: E402
+from studies.fedtsa.table1 import table1_config
 from ftta_core.workbook import config_key  # noqa: E402
 
 WIDTH = 118
@@ -52,7 +52,7 @@ TABLE1_STRATEGIES = ("local", "fedavg", "fedavg_ft", "fedprox", "fedavgm", "feda
                      "ldawa", "fedtsa", "fedctta")
 SWEEP_SH = (0.05, 0.2, 0.5, 0.75)  # notebooks 11 and 20 (FedTSA Fig 4, FedCTTA Fig 2), TH fixed at 0.02
 SWEEP_TH = (0.01, 0.02, 0.05, 0.1)  # SH fixed at 0.2
-CASE_STUDY_STRATEGIES = ("local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta")  # `case-study` default
+CASE_STUDY_STRATEGIES = ("local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta")  # `study fedtsa case-study` default
 GRAD_CELL_TEXT = {
     "bn": "TTA-bn (BN-adapt: batch statistics, nothing trained)",
     "grad": "TTA-grad (Tent on all parameters, SGD lr 1e-4, batch BN statistics: FedTSA's Sec. 5.1)",
@@ -127,7 +127,7 @@ def labels(strategies: Sequence[str]) -> str:
 
 
 def case_study_config(orders: str = "fedtsa", tta: str = "bn", seed: int = 0) -> ExperimentConfig:
-    """The base config of ``python -m ftta_core case-study`` (cli.cmd_case_study; tests/test_presets.py checks the
+    """The base config of ``python -m ftta_core study fedtsa case-study`` (studies.fedtsa.commands.run_case_study; tests/test_presets.py checks the
     command builds this)."""
     return ExperimentConfig(dataset="cifar10", scenario="case_study" if orders == "fedtsa" else "case_study_fedctta",
                             clients=10, batch_size=10, images_per_client=500, severity=5, device="auto",
@@ -148,16 +148,16 @@ def fedtsa_presets() -> List[Preset]:
                 title=(f"{FEDTSA}, Table 1: CIFAR-10-C, {column}, {cell}; the FedTSA row, seed 0 of the table's 5. "
                        "20 clients, batch 10, 500 images per client and corruption, 15 corruptions at severity 5."
                        + ("" if in_paper else " Not a cell of the paper: one of the four TTA-grad settings we "
-                                               "compare (ftta_core.paper.TTA_SETTINGS, notebook 10).")),
+                                               "compare (studies.paper.TTA_SETTINGS, notebook 10).")),
                 differs=OURS_CIFAR + ("." if setting == "niid" or tta != "bn" else
                                       "; Table 2 (per corruption, IID, TTA-bn) reads these runs' accuracy per "
                                       "domain."),
                 others=("--strategy NAME for the other rows: "
                         f"{' | '.join(s for s in TABLE1_STRATEGIES if s != 'fedtsa')}; --seed 1 .. 4 for the other "
-                        f"seeds. The whole table: python -m ftta_core fedtsa-table --tta {tta} ... (README)."),
-                source=f'ftta_core.fedtsa.table1.table1_config("cifar10", "{setting}", "{tta}") with strategy fedtsa, seed 0',
+                        f"seeds. The whole table: python -m ftta_core study fedtsa table --tta {tta} ... (README)."),
+                source=f'studies.fedtsa.table1.table1_config("cifar10", "{setting}", "{tta}") with strategy fedtsa, seed 0',
                 stored="figures/fedtsa_table1/runs/{key}.json",
-                stored_by=f"`python -m ftta_core fedtsa-table --tta {tta}`" + (" (make paper-runs)" if in_paper else ""),
+                stored_by=f"`python -m ftta_core study fedtsa table --tta {tta}`" + (" (make paper-runs)" if in_paper else ""),
                 group="FedTSA"))
     base = table1_config("cifar10", "niid", "bn")
     out.append(Preset(
@@ -179,10 +179,10 @@ def fedtsa_presets() -> List[Preset]:
         differs=("CIFAR-10-C (the paper's Table 4 is on CIFAR-100-C, not available here); TTA-bn (the paper does not "
                  "say); " + OURS_CIFAR + "."),
         others=(f"--strategy NAME for the other rows ({labels([s for s in CASE_STUDY_STRATEGIES if s != 'fedtsa'])});"
-                " the table with every strategy: python -m ftta_core case-study --out DIR."),
-        source='the config of `python -m ftta_core case-study --tta bn` (cli.cmd_case_study), strategy fedtsa',
+                " the table with every strategy: python -m ftta_core study fedtsa case-study --out DIR."),
+        source='the config of `python -m ftta_core study fedtsa case-study --tta bn` (studies.fedtsa.commands.run_case_study), strategy fedtsa',
         stored="figures/case_study/cifar10_bn/fedtsa/summary.json",
-        stored_by="`python -m ftta_core case-study --out figures/case_study/cifar10_bn`",
+        stored_by="`python -m ftta_core study fedtsa case-study --out figures/case_study/cifar10_bn`",
         group="FedTSA"))
     out.append(Preset(
         "fedtsa/fig4_heterogeneity.yaml",
@@ -218,10 +218,10 @@ def fedctta_presets() -> List[Preset]:
                 differs=OURS_CIFAR + lr_note + ".",
                 others=("--strategy NAME for the other rows: "
                         f"{' | '.join(s for s in TABLE1_STRATEGIES if s != 'fedctta')}; --seed 1 .. 4."),
-                source=(f'ftta_core.fedtsa.table1.table1_config("cifar10", "{setting}", "{tta}") with strategy fedctta, '
+                source=(f'studies.fedtsa.table1.table1_config("cifar10", "{setting}", "{tta}") with strategy fedctta, '
                         'seed 0'),
                 stored="figures/fedtsa_table1/runs/{key}.json",
-                stored_by=f"`python -m ftta_core fedtsa-table --tta {tta}` (make paper-runs)", group="FedCTTA"))
+                stored_by=f"`python -m ftta_core study fedtsa table --tta {tta}` (make paper-runs)", group="FedCTTA"))
     out.append(Preset(
         "fedctta/table3_case_study.yaml", dataclasses.replace(case_study_config("fedctta"), strategy="fedctta"),
         title=(f"{FEDCTTA}, Table III: the case study with FedCTTA's corruption orders (clients 5-7 four "
@@ -229,11 +229,11 @@ def fedctta_presets() -> List[Preset]:
                "severity 5, TTA-bn; the FedCTTA row, seed 0."),
         differs="TTA-bn assumed (the paper does not say); " + OURS_CIFAR + ".",
         others=("--strategy NAME for the other rows (local, fedavg, pfedgraph, fedtsa); the table: python -m "
-                "ftta_core case-study --orders fedctta --out DIR."),
-        source='the config of `python -m ftta_core case-study --orders fedctta` (cli.cmd_case_study), strategy '
+                "ftta_core study fedtsa case-study --orders fedctta --out DIR."),
+        source='the config of `python -m ftta_core study fedtsa case-study --orders fedctta` (studies.fedtsa.commands.run_case_study), strategy '
                'fedctta',
         stored="figures/case_study/cifar10_bn_fedctta/fedctta/summary.json",
-        stored_by="`python -m ftta_core case-study --orders fedctta --out figures/case_study/cifar10_bn_fedctta`",
+        stored_by="`python -m ftta_core study fedtsa case-study --orders fedctta --out figures/case_study/cifar10_bn_fedctta`",
         group="FedCTTA"))
     base = table1_config("cifar10", "niid", "bn")
     out.append(Preset(
@@ -281,7 +281,7 @@ def pfedbbn_presets() -> List[Preset]:
         col = imbalance.paper_column(alpha)
         column = ("IID column (no label skew)" if alpha is None else
                   f"Non-IID column {col} (Dirichlet label skew alpha = {alpha:g}, ASSUMED for that column: the "
-                  "paper's alphas were lost in extraction, ftta_core.pfedbbn.imbalance.PAPER_NONIID_ALPHAS)")
+                  "paper's alphas were lost in extraction, studies.pfedbbn.imbalance.PAPER_NONIID_ALPHAS)")
         rows = [(m, "local") for m in imbalance.TABLE1_METHODS] + [imbalance.FULL_METHOD]
         for method, strategy in rows:
             name = f"{method}+{strategy} {setting}"
@@ -298,13 +298,13 @@ def pfedbbn_presets() -> List[Preset]:
                          "75 in all), 15 corruptions at severity 5." + figures),
                 differs=("our ResNet-8 source model (the paper: WideResNet-28); the clients walk the corruptions in "
                          "FedTSA's 4-area map (at any time 4 corruptions are live); local methods at the "
-                         "continual benchmark's settings (ftta_core.centralized.REFERENCE_PARAMS); our CIFAR-10 is a "
+                         "continual benchmark's settings (studies.centralized.REFERENCE_PARAMS); our CIFAR-10 is a "
                          "JPEG-compressed copy and CIFAR-10-C is generated on the fly."),
                 others=("the row's other servers: --strategy "
                         f"{' | '.join(s for s in imbalance.TABLE1_STRATEGIES if s != 'local')}"
                         + ("" if full else f" (the {mlabel} row of each server)")
                         + ". Other methods and columns: the other configs/pfedbbn/table1_*.yaml files."),
-                source=(f"ftta_core.pfedbbn.imbalance.pfedbbn_config() with the table1_variants variant {name!r}, seed 0 "
+                source=(f"studies.pfedbbn.imbalance.pfedbbn_config() with the table1_variants variant {name!r}, seed 0 "
                         "(notebook 30_pfedbbn's full grid)"),
                 stored="figures/pfedbbn/runs/{key}.json", stored_by="notebook 30_pfedbbn's grid",
                 group="pFedBBN"))

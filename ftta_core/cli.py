@@ -440,101 +440,9 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
-def _defer_shared_options(p: CommandParser, fields: Sequence[str], **defaults: Any) -> None:
-    """The experiment options ``fields`` of a command that builds its own configs, generated from ExperimentConfig
-    (defaults: the config's, except ``defaults``; dataset: cifar10), added when the command is used."""
-    p.defer(functools.partial(add_config_options, fields=fields, defaults={"dataset": "cifar10", **defaults},
-                              title="experiment config (fields of ExperimentConfig)"))
-
-
-def _add_fedtsa_table(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fedtsa-table", help="run the FedTSA Table 1 protocol for some strategies and seeds",
-                       description="Runs the FedTSA CIFAR-10-C protocol (20 clients, batch 10, 500 images per "
-                                   "client and corruption, severity 5, NIID 4-area map and IID) for each strategy "
-                                   "and seed, caching every finished run under --results (resumable), and writes "
-                                   "the table beside the paper's numbers (CSV and markdown).")
-    p.add_argument("--tta", choices=list(TTA_CHOICES), required=True,
-                   help="TTA-bn, TTA-grad (Tent, all params, SGD 1e-4) or a cell of the TTA-grad 2x2: grad-adam "
-                        "(Adam 1e-5), grad-running (running BN statistics as the reference clients), grad-running-adam")
-    p.add_argument("--strategies", nargs="+", required=True)
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
-    p.add_argument("--lr", type=float, default=None,
-                   help="the TTA-grad cell's step size instead of its own (the step-size axis of tta-grad-cells)")
-    _defer_shared_options(p, ("dataset", "model", "device", "backend", "max_steps"))
-    p.add_argument("--results", type=Path, required=True, help="folder of per-run summaries (cache)")
-    p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
-    p.add_argument("--only-cached", action="store_true", dest="only_cached",
-                   help="run nothing: tabulate the runs already stored under --results")
-    p.set_defaults(func=cmd_fedtsa_table)
-
-
-def cmd_fedtsa_table(args: argparse.Namespace) -> int:
-    import pandas as pd
-
-    from .fedtsa.table1 import beside_fedtsa_table1, table1_config, to_markdown
-    from .plan import PLAN_ENV, plan_file
-    from .workbook import run_grid, run_strategy_grid
-
-    frames = []
-    for setting in args.settings:
-        base = table1_config(args.dataset, setting, args.tta, device=args.device, model=args.model,
-                             backend=args.backend, max_steps=args.max_steps, lr=args.lr)
-        if args.tta == "bn":  # stateless local phase: all strategies of a seed share one pass
-            g = run_strategy_grid(base, args.strategies, args.seeds, results_dir=args.results,
-                                  only_cached=args.only_cached)
-        else:
-            variants = {s: {"strategy": s} for s in args.strategies}
-            g = run_grid(base, variants, args.seeds, results_dir=args.results, only_cached=args.only_cached)
-        frames.append(g.rename(columns={"variant": "strategy"}).assign(setting=setting))
-    grid = pd.concat(frames, ignore_index=True)
-    if plan_file() is not None:
-        print(f"planned the missing runs in {plan_file()} (${PLAN_ENV}); run them with: "
-              f"python -m ftta_core run-plan {plan_file()} --workers N, then re-run this command")
-        return 0
-    table = beside_fedtsa_table1(grid, args.dataset, args.tta, args.strategies)
-    args.table.parent.mkdir(parents=True, exist_ok=True)
-    grid.to_csv(args.table.with_suffix(".runs.csv"), index=False)
-    table.to_csv(args.table.with_suffix(".csv"), index=False)
-    write_markdown(args.table.with_suffix(".md"), to_markdown(table))
-    return 0
-
-
-def _add_tta_grad_cells(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tta-grad-cells", help="the TTA-grad 2x2 (BN batch/running x SGD/Adam) from stored runs",
-                       description="Reads the stored Table 1 runs of the four TTA-grad cells (grad, grad-adam, "
-                                   "grad-running, grad-running-adam; run them with fedtsa-table --tta CELL) and "
-                                   "writes Local(grad) - Local(bn) and each strategy's gain over Local beside the "
-                                   "paper's, with the computed reading (CSV and markdown). Runs nothing.")
-    p.add_argument("--results", type=Path, default=Path("figures/fedtsa_table1/runs"))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
-    p.add_argument("--settings", nargs="+", choices=["niid", "iid"], default=["niid", "iid"])
-    p.add_argument("--cells", nargs="+", choices=list(TTA_CHOICES[1:]), default=list(TTA_CHOICES[1:]))
-    p.add_argument("--lrs", nargs="+", type=float, default=None,
-                   help="step sizes to read in each cell (runs made with fedtsa-table --lr; default: each cell's own)")
-    p.add_argument("--model", default=None, help="source model of the runs (default: the shipped one)")
-    p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
-    p.set_defaults(func=cmd_tta_grad_cells)
-
-
-def cmd_tta_grad_cells(args: argparse.Namespace) -> int:
-    from .fedtsa.table1 import tta_grad_cells, tta_grad_cells_reading
-    from .workbook import markdown_table
-
-    table = tta_grad_cells(results_dir=args.results, seeds=args.seeds, settings=args.settings, cells=args.cells,
-                           lrs=args.lrs or (None,), model=args.model)
-    args.table.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.table.with_suffix(".csv"), index=False)
-    write_markdown(args.table.with_suffix(".md"),
-                   # the step size is in "optimizer"; "lr" (kept in the CSV) would print as 0.00 at two digits
-                   markdown_table(table.drop(columns="lr").set_index(["cell", "setting"])) + "\n"
-                   + tta_grad_cells_reading(table) + "\n")
-    return 0
-
-
 def _add_run_plan(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run-plan", help="run the jobs planned with FTTA_PLAN=FILE, several processes at a time",
-                       description="A notebook or fedtsa-table run with FTTA_PLAN=FILE runs nothing and appends the "
+                       description="A notebook or `study fedtsa table` run with FTTA_PLAN=FILE runs nothing and appends the "
                                    "runs it lacks to FILE. This command runs them, --workers at a time (processes "
                                    "sharing one GPU, or one per CPU core), storing each summary where the grid "
                                    "looks for it; re-run the notebook or table to read them back.")
@@ -604,169 +512,18 @@ def cmd_run_plan(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
-def _add_case_study(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("case-study", help="the 10-client, 3-group case study (FedTSA Table 4, FedCTTA Table III)",
-                       description="Runs the case study (clients 1-4 walk the corruptions in order, 5-7 one slot "
-                                   "ahead, 8-10 in reverse; 500 images per client and corruption, batch 10, "
-                                   "severity 5) for each strategy, keeps each run under OUT/<strategy>/ (summary, "
-                                   "W over time, per-slot accuracies; stored runs are reused) and writes "
-                                   "OUT/table.{csv,md}: accuracy per group and slot.")
-    p.add_argument("--tta", choices=["bn", "grad"], default="bn", help="TTA-bn or TTA-grad (Tent, all params, SGD 1e-4)")
-    p.add_argument("--strategies", nargs="+", default=["local", "fedavg", "fedamp", "pfedgraph", "fedtsa", "fedctta"],
-                   help="names, or name@key=value[,key=value] for a strategy with parameters (e.g. "
-                        "fedctta@probe_bn=eval); each run is kept under OUT/<that text>/")
-    p.add_argument("--orders", choices=["fedtsa", "fedctta"], default="fedtsa",
-                   help="the groups' corruption orders: FedTSA Table 4 (clients 5-7 one corruption ahead) or "
-                        "FedCTTA Table III (four ahead)")
-    _defer_shared_options(p, ("seed", "dataset", "device", "max_steps"))
-    p.add_argument("--out", type=Path, required=True, help="folder of the stored runs and the table")
-    p.set_defaults(func=cmd_case_study)
-
-
-def cmd_case_study(args: argparse.Namespace) -> int:
-    from .experiment import ExperimentConfig
-    from .paper import TTA_SETTINGS
-    from .fedtsa.case_study import case_study_domains, case_study_table
-    from .workbook import markdown_table, run_stored
-
-    scenario = "case_study" if args.orders == "fedtsa" else "case_study_fedctta"
-    base = ExperimentConfig(dataset=args.dataset, scenario=scenario, clients=10, batch_size=10,
-                            images_per_client=500, severity=5, device=args.device, max_steps=args.max_steps,
-                            seed=args.seed, **TTA_SETTINGS[args.tta])
-    runs = run_stored(base, args.strategies, args.out)
-    table = case_study_table(runs)
-    table.to_csv(args.out / "table.csv")
-    domains = case_study_domains(next(iter(runs.values())))
-    write_markdown(args.out / "table.md", f"Domains per group and slot:\n\n{markdown_table(domains)}\n"
-                   f"Accuracy after mixing (%) per group and slot:\n\n{markdown_table(table)}")
-    return 0
-
-
-def _add_centralized(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("centralized-tta", help="local TTA methods as one client over the corruptions in sequence",
-                       description="Continual single-client sanity check (the test-time-adaptation benchmark's "
-                                   "protocol: corruptions in order at one severity, batch 200, no reset): runs each "
-                                   "method with strategy 'local' and writes STEM.csv (error per method and "
-                                   "corruption) and STEM.md (mean errors beside the published WRN-28 numbers).")
-    p.add_argument("--methods", nargs="+", help="local methods (default: those of the benchmark that are registered: "
-                                                "source bn tent eata cotta rotta roid)")
-    p.add_argument("--images", type=int, default=10000, help="images per corruption")
-    _defer_shared_options(p, ("dataset", "batch_size", "severity", "corruptions", "seed", "device", "backend"),
-                          batch_size=200)
-    p.add_argument("--param", action="append", metavar="METHOD.K=V", help="a method parameter (repeatable)")
-    p.add_argument("--table", type=Path, required=True, help="output stem: writes STEM.csv and STEM.md")
-    p.set_defaults(func=cmd_centralized_tta)
-
-
-def cmd_centralized_tta(args: argparse.Namespace) -> int:
-    from .centralized import BENCHMARK_METHODS, beside_reference, per_corruption_beside, run_centralized
-    from .tta import LOCAL_METHODS
-    from .workbook import markdown_table
-
-    methods = args.methods or [m for m in BENCHMARK_METHODS if m in LOCAL_METHODS]
-    skipped = [] if args.methods else [m for m in BENCHMARK_METHODS if m not in LOCAL_METHODS]
-    overrides: Dict[str, Dict[str, Any]] = {}
-    for key, value in key_values(args.param, "--param").items():
-        if "." not in key:
-            raise SystemExit(f"--param expects METHOD.KEY=VALUE, got {key!r}")
-        method, name = key.split(".", 1)
-        overrides.setdefault(method, {})[name] = value
-    try:
-        table = run_centralized(methods, args.dataset, args.images, args.batch_size, args.severity, args.corruptions,
-                                args.seed, args.device, args.backend, overrides, progress=True)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    args.table.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.table.with_suffix(".csv"), index=False)
-    write_markdown(args.table.with_suffix(".md"), (
-          "Error (%) of the prediction made while adapting, one client, continual, "
-          f"severity {args.severity}, batch {args.batch_size}, {args.images} images per corruption, seed {args.seed}. "
-          "Reference: WRN-28 continual benchmark (data/paper_numbers/tta_benchmark_cifar10c.csv)."
-          + (f" Not registered, skipped: {', '.join(skipped)}." if skipped else "") + "\n\n"
-          + markdown_table(beside_reference(table)) + "\nPer corruption (reference: Tent README, WRN-28):\n\n"
-          + markdown_table(per_corruption_beside(table))))
-    return 0
-
-
-def _add_fedicon(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fedicon", help="FedICON and its baselines on the digit domains under covariate shift",
-                       description="Train FedICON and the FL/TTA baselines on the digit domains (one client per "
-                                   "domain, test sets corrupted at severity 5) and write the Table 1 shape as "
-                                   "OUT/table.md; per-run results are cached under OUT/cache.")
-    p.add_argument("--methods", nargs="+", help="methods of ftta_core.fedicon.METHODS (default: Table 1's)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--local-epochs", type=int, default=1, dest="local_epochs")
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--tau", type=float, default=0.1)
-    p.add_argument("--n-train", type=int, default=300, dest="n_train", help="training images per domain")
-    p.add_argument("--n-test", type=int, default=200, dest="n_test", help="test images per domain")
-    p.add_argument("--out", type=Path, default=Path("figures/fedicon"))
-    p.set_defaults(func=cmd_fedicon)
-
-
-def cmd_fedicon(args: argparse.Namespace) -> int:
-    from .fedicon import TABLE1_METHODS, TrainConfig, TTAConfig, digit_covariate_clients, method_table, run_methods
-    from .fedicon.data import DIGIT_CLIENT_DOMAINS
-    from .workbook import markdown_table
-
-    try:
-        cfg = TrainConfig(rounds=args.rounds, local_epochs=args.local_epochs, lr=args.lr, tau=args.tau,
-                          cls_rounds=args.rounds)
-        setting = {"name": "digits-covariate", "n_train": args.n_train, "n_test": args.n_test, "severity": 5,
-                   "corruptions": "all 15"}
-        methods = args.methods or list(TABLE1_METHODS)
-        rows = run_methods(args.out / "cache", setting, methods, args.seeds,
-                           lambda seed: digit_covariate_clients(args.n_train, args.n_test, seed), "cnn2", cfg,
-                           TTAConfig(tau=args.tau))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    write_markdown(args.out / "table.md", "Accuracy (%) per client (its own digit domain, corrupted), seeds "
-                   f"{args.seeds}, {args.rounds} rounds x {args.local_epochs} local epochs.\n\n"
-                   + markdown_table(method_table(rows, methods, list(DIGIT_CLIENT_DOMAINS))))
-    return 0
-
-
-def _add_fedacross(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("fedacross", help="FedAcross+: pre-train the server model (ResNet-18 + adaptation module)",
-                       description="Pre-train a FedAcross+ server model recipe (ftta_core.fedacross.RECIPES) on its "
-                                   "source data set and write data/checkpoints/fedacross/NAME.{pt,json}. The "
-                                   "client-side experiments live in notebooks/50_fedacross.ipynb.")
-    p.add_argument("action", choices=["pretrain"])
-    p.add_argument("--recipe", default="fedacross_resnet18_cifar10")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--epochs", type=float, help="override the recipe's epoch budget")
-    p.add_argument("--max-images", type=int, dest="max_images", help="pre-train on this many source images")
-    p.add_argument("--out-dir", type=Path, dest="out_dir", help="checkpoint folder (default data/checkpoints/fedacross)")
-    p.set_defaults(func=cmd_fedacross)
-
-
-def cmd_fedacross(args: argparse.Namespace) -> int:
-    from .fedacross.pretrain import CHECKPOINT_DIR, train_recipe
-
-    overrides = {k: getattr(args, k) for k in ("epochs", "max_images") if getattr(args, k) is not None}
-    try:
-        path = train_recipe(args.recipe, args.seed, this_command(), True, args.out_dir or CHECKPOINT_DIR, **overrides)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(path.with_suffix(".json").read_text())
-    print(f"wrote {path}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-command per task."""
     parser = argparse.ArgumentParser(prog="python -m ftta_core", description="ftta: federated test-time adaptation "
                                      "workbook. Every command has --help.")
     # CommandParser: a command's config options (cli_config) are generated when it is used, after its plugins load
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
-    for add in (_add_run, _add_runs, _add_units, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks, _add_fedtsa_table,
-                _add_tta_grad_cells,
-                _add_run_plan, _add_reproduce, _add_case_study, _add_centralized, _add_fedicon, _add_fedacross):
+    for add in (_add_run, _add_runs, _add_units, _add_train, _add_eval, _add_cards, _add_gallery, _add_notebooks,
+                _add_run_plan, _add_reproduce):
         add(sub)
+    from .study_registry import add_study_parsers
+
+    add_study_parsers(sub, CommandParser)  # `study PAPER ACTION`: the studies registered by ftta.studies entry points
     from .plugins import add_plugin_argument
 
     for name in PLUGIN_COMMANDS:
@@ -775,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # the commands that build runs take --plugin MODULE_OR_FILE (repeatable): methods registered by it (ftta_core.plugins)
-PLUGIN_COMMANDS = ("run", "run-plan", "reproduce", "fedtsa-table", "notebooks", "case-study", "centralized-tta")
+PLUGIN_COMMANDS = ("run", "run-plan", "reproduce", "notebooks", "study")
 
 
 DEBUG_ENV = "FTTA_DEBUG"

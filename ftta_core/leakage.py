@@ -143,18 +143,3 @@ def is_record(data: object) -> bool:
     return isinstance(data, dict) and {"config", "max_steps", "table", "code"} <= data.keys()
 
 
-def leakage_reading(table: pd.DataFrame, margin: float = 5.0) -> str:
-    """The leakage table in words: each upload's guess accuracy against chance, most revealing first, and every pair
-    where the smaller upload reveals more (by more than ``margin`` points) than a larger one."""
-    if table.empty:
-        return "No uploads were recorded."
-    t = table.sort_values("guess accuracy (%)", ascending=False)
-    acc, size = t["guess accuracy (%)"], t["bytes (float32)"]
-    chance = float(t["chance (%)"].iloc[0])
-    text = (f"From one upload, a probing classifier guesses the client's current corruption (chance {chance:.1f}%): "
-            + ", ".join(f"{u} {acc[u]:.1f}% ({int(size[u])} bytes)" for u in t.index) + ".")
-    pairs = [f"{a} ({int(size[a])} bytes, {acc[a]:.1f}%) more than {b} ({int(size[b])} bytes, {acc[b]:.1f}%)"
-             for a in t.index for b in t.index if size[a] < size[b] and acc[a] > acc[b] + margin]
-    if pairs:
-        text += " Fewer bytes are not less revealed: " + "; ".join(pairs) + "."
-    return text

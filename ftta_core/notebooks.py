@@ -6,7 +6,7 @@ Where a run writes (``python -m ftta_core notebooks``):
   so do the figures and tables the notebooks write -- the parameters naming those folders (``figure_dir``,
   ``figures_dir``; 40_fedicon's ``results_dir``) are redirected from ``../figures/<sub>`` to ``<out>/figures/<sub>``.
   Stored-run folders (``results_dir`` of the other notebooks, ``table1_runs``, ...) are shared caches keyed by config
-  hash, read by every notebook and by ``fedtsa-table`` / ``run-plan``: they are not redirected.
+  hash, read by every notebook and by ``study fedtsa table`` / ``run-plan``: they are not redirected.
 * with ``in_place=True`` (``--in-place``) into the committed ``notebooks/*.ipynb`` and ``figures/``: each notebook is
   executed into a staging copy first and replaces the committed one (atomically) only when execution succeeded.
   Smoke runs are refused: smoke outputs must never land in tracked notebooks.

@@ -143,13 +143,15 @@ def leaderboard_heatmap(table: pd.DataFrame, ax: Optional[plt.Axes] = None, titl
                         rows: Sequence[str] = (), columns: Sequence[str] = (), robust: float = 0.0,
                         seed_ids: Optional[Mapping[Tuple[str, str], Sequence[int]]] = None,
                         row_labels: Optional[Mapping[str, str]] = None,
-                        column_labels: Optional[Mapping[str, str]] = None) -> plt.Axes:
+                        column_labels: Optional[Mapping[str, str]] = None,
+                        limits: Optional[Tuple[float, float]] = None) -> plt.Axes:
     """Mean accuracy per (local method, strategy), each cell annotated with its mean, '± ci95' (the 95 % t
     half-width over seeds) and its number of seeds 'n=...'. One colour scale over every cell, its full range
     unless ``robust`` (a percentile) clips the lower end (the colour bar then says so and ends in an arrow). Rows
     and columns named in ``rows``/``columns`` that have no stored run are left out and named under the heatmap; a
     missing cell inside a drawn row is hatched ('no run'). ``seed_ids``: (local, strategy) -> the seeds of that cell,
-    named under the heatmap per count; ``row_labels``/``column_labels``: readable names."""
+    named under the heatmap per count; ``row_labels``/``column_labels``: readable names; ``limits``: the colour scale
+    (vmin, vmax) shared with other panels (default: this table's own range)."""
     ax = ax or plt.gca()
     means = table["mean"].unstack("strategy").astype(float)
     means = means.reindex(index=list(dict.fromkeys([*rows, *means.index])),
@@ -169,7 +171,7 @@ def leaderboard_heatmap(table: pd.DataFrame, ax: Optional[plt.Axes] = None, titl
         return f"{m:.1f}{half}{seeds}"
 
     labels = np.array([[cell(i, j) for j in range(means.shape[1])] for i in range(means.shape[0])], dtype=object)
-    vmin, vmax = style.shared_limits([means.values], robust=robust)
+    vmin, vmax = style.shared_limits([means.values], *(limits or (None, None)), robust=robust)
     clipped = bool((means.values < vmin).any())
     bar = f"mean accuracy (%); scale {vmin:.1f} to {vmax:.1f}, " + (
         f"clipped: cells below {vmin:.1f} share its colour" if clipped else "not clipped")

@@ -134,6 +134,10 @@ def save_checkpoint(model: nn.Module, spec: SourceSpec, card: dict, directory: P
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{spec.name}.pt"
+    former = directory / f"{spec.name}.json"
+    if "reference" not in card and former.is_file():  # a retrained model keeps the published number it is compared to
+        reference = json.loads(former.read_text()).get("reference")
+        card = {**card, **({"reference": reference} if reference else {})}
     blob = {"arch": spec.arch, "num_classes": model.fc.out_features, "state_dict": model.state_dict()}
     atomic_write(path, lambda fh: torch.save(blob, fh))
     atomic_write(directory / f"{spec.name}.json", lambda fh: fh.write((json.dumps(card, indent=2) + "\n").encode()))
@@ -160,12 +164,9 @@ def source_card(spec: SourceSpec, seed: int, command: str, wall_s: float, metric
             "trained_at": time.strftime("%Y-%m-%d"), **metrics}
 
 
-# FedTSA Table 1 No-Adapt accuracy of its ResNet-8 on CIFAR-10-C, severity 5 (quoted for comparison)
-PAPER_NO_ADAPT = {"resnet8_cifar10": ("FedTSA Table 1 No-Adapt (their ResNet-8)", 35.19)}
-
-
 def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
-    """A markdown overview of every model card in ``directory`` (numbers read from the JSON cards)."""
+    """A markdown overview of every model card in ``directory`` (numbers read from the JSON cards; a card's
+    ``reference``, a published number its model is compared with, is printed beside its own)."""
     lines = ["# Source models", "", "Checkpoints (`NAME.pt`, state dict) and their cards (`NAME.json`). Regenerate this "
              "page with `python -m ftta_core cards`; retrain a model with the command in its card.", ""]
     for path in sorted(directory.glob("*.json")):
@@ -182,9 +183,11 @@ def render_cards(directory: Path = CHECKPOINT_DIR) -> str:
         if corrupted:
             lines.append(f"- no-adaptation accuracy under the 15 corruptions at severity 5: mean "
                          f"**{card['corrupted_mean_accuracy_severity5']:.2f}%**")
-            if card["name"] in PAPER_NO_ADAPT:
-                label, value = PAPER_NO_ADAPT[card["name"]]
-                lines.append(f"- {label}: {value:.2f}% (difference {card['corrupted_mean_accuracy_severity5'] - value:+.2f})")
+            reference = card.get("reference")  # a published number to compare with, kept in the card (data)
+            if reference:
+                value = reference["corrupted_mean_accuracy_severity5"]
+                lines.append(f"- {reference['source']}: {value:.2f}% (difference "
+                             f"{card['corrupted_mean_accuracy_severity5'] - value:+.2f})")
             lines += ["", "| " + " | ".join(corrupted) + " |", "|" + "---|" * len(corrupted),
                       "| " + " | ".join(f"{v:.1f}" for v in corrupted.values()) + " |"]
         lines.append("")

@@ -192,36 +192,6 @@ def heterogeneity_sweep(base: ExperimentConfig, field: str, values: Sequence[flo
     return pd.concat(rows, ignore_index=True)
 
 
-def sweep_reading(table: pd.DataFrame, field: str, method: str, labels: Optional[Mapping[str, str]] = None) -> str:
-    """One paragraph computed from a ``heterogeneity_sweep`` table: at how many of the points where every strategy
-    is stored ``method`` is best, its margin over the best other strategy there (mean over seeds, points), and
-    which points lack runs. ``labels`` maps strategy names to display names."""
-    name = (lambda s: (labels or {}).get(s, s))
-    if table.empty or method not in set(table.variant):
-        return f"No stored runs of {name(method)} over {field.upper()} yet."
-    means = table.groupby([field, "variant"]).accuracy.mean().unstack()
-    complete = means.dropna()
-    gaps = [f"{v:g}" for v in means.index if v not in complete.index]
-    if complete.empty or len(complete.columns) < 2:
-        return f"No {field.upper()} point has every strategy stored yet."
-    others = complete.drop(columns=method)
-    margin = complete[method] - others.max(axis=1)
-    best = complete.idxmax(axis=1)
-    wins = int((best == method).sum())
-    parts = [f"Over {field.upper()} = {', '.join(f'{v:g}' for v in complete.index)}, {name(method)} is best at "
-             f"{wins} of {len(complete)} points; its margin over the best other strategy ranges from "
-             f"{margin.min():+.2f} to {margin.max():+.2f} points."]
-    losers = [f"{v:g} ({name(best[v])}, {-margin[v]:.2f} ahead)" for v in complete.index if best[v] != method]
-    if losers:
-        parts.append("Where it is not best, the winner is at " + "; ".join(losers) + ".")
-    spread = complete.max() - complete.min()
-    parts.append("Range of each strategy's accuracy across the points: "
-                 + ", ".join(f"{name(s)} {spread[s]:.2f}" for s in [method, *others.columns]) + " points.")
-    if gaps:
-        parts.append(f"Not every strategy is stored at {field.upper()} = {', '.join(gaps)}.")
-    return " ".join(parts)
-
-
 def mean_std(table: pd.DataFrame, by: Sequence[str] | str = "variant", value: str = "accuracy") -> pd.DataFrame:
     """Mean and standard deviation (over seeds) of ``value`` per group."""
     g = table.groupby(by, sort=False)[value]
@@ -279,7 +249,7 @@ def slot_table(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def strategy_spec(spec: str) -> Tuple[str, Dict[str, Any]]:
-    """A strategy named with its parameters, as ``run_stored`` and ``case-study --strategies`` take it:
+    """A strategy named with its parameters, as ``run_stored`` and ``study fedtsa case-study --strategies`` take it:
     ``"fedctta"`` -> ``("fedctta", {})``, ``"fedctta@probe_bn=eval,ema=0.9"`` -> ``("fedctta", {"probe_bn": "eval",
     "ema": 0.9})`` (values read as YAML scalars). The spec is also the run's folder name."""
     import yaml
@@ -473,12 +443,6 @@ def common_seeds(summaries: Mapping[tuple, Dict[str, Any]],
             have.setdefault(name, set()).add(seed)
     seeds = set.intersection(*have.values()) if have else set()
     return {(name, seed): s for (name, seed), s in summaries.items() if name in have and seed in seeds}
-
-
-def ordering_phrase(means: Mapping[str, float], labels: Optional[Mapping[str, str]] = None, digits: int = 2) -> str:
-    """'A 72.76 > B 72.57 > C 71.71' (highest first; NaN left out)."""
-    s = pd.Series(dict(means), dtype=float).dropna().sort_values(ascending=False)
-    return " > ".join(f"{(labels or {}).get(k, k)} {v:.{digits}f}" for k, v in s.items())
 
 
 # metadata of a stored summary: how and where it was made, not what it measured

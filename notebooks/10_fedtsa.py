@@ -154,7 +154,7 @@ print(f"On this stream: {' > '.join(f'{m} {accs[m]:.2f}' for m in order)} (seed 
 
 # %% [markdown]
 # ## CIFAR-10-C, FedTSA Table 1 protocol: the runs committed so far, beside the paper
-# `python -m ftta_core fedtsa-table` runs the protocol (20 clients, batch 10, 500 images per client and corruption,
+# `python -m ftta_core study fedtsa table` runs the protocol (20 clients, batch 10, 500 images per client and corruption,
 # severity 5, NIID 4-area map and IID) and stores one summary per run under `figures/fedtsa_table1/runs/`. This cell
 # reads the stored runs of the paper's two modes (TTA-bn; TTA-grad = Tent on all parameters, SGD 1e-4, BN on batch
 # statistics) by config (no new runs) and lays them beside the paper's Table 1 (the source model below is the one
@@ -163,8 +163,8 @@ print(f"On this stream: {' > '.join(f'{m} {accs[m]:.2f}' for m in order)} (seed 
 # %%
 from IPython.display import Markdown
 
-from ftta_core.paper import METHOD_LABELS, paper_table
-from ftta_core.fedtsa.table1 import (beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs, table1_config,
+from studies.paper import METHOD_LABELS, paper_table
+from studies.fedtsa.table1 import (beside_fedtsa_table1, fedtsa_claims_reading, stored_table1_runs, table1_config,
                                      tta_grad_cells, tta_grad_cells_reading)
 from ftta_core.training import source_model_line
 
@@ -173,7 +173,7 @@ methods = [m for m in METHOD_LABELS if m != "source"]
 runs = stored_table1_runs(results_dir, methods, all_seeds, ttas=("bn", "grad"))
 print(source_model_line(table1_config("cifar10", "niid", "bn").model_name))
 if runs.empty:
-    print("no stored runs yet: python -m ftta_core fedtsa-table --help")
+    print("no stored runs yet: python -m ftta_core study fedtsa table --help")
 else:
     for tta, group in runs.groupby("tta"):
         print(f"TTA-{tta}")
@@ -193,12 +193,12 @@ else:
 # (lower clean accuracy) a similar fraction on every corruption. Beside the paper's per-corruption No-Adapt row
 # (FedTSA Table 2, same protocol): every ResNet-8 card in `data/checkpoints/` (the shipped model and shorter
 # trainings of the same recipe, `python -m ftta_core train-source --model resnet8_cifar10 --epochs E --name
-# resnet8_cifar10_eE`; `ftta_core/fedtsa/source_regime.py`).
+# resnet8_cifar10_eE`; `studies/fedtsa/source_regime.py`).
 
 # %%
 from pathlib import Path
 
-from ftta_core.fedtsa.source_regime import PAPER_LABEL, regime_reading, regime_summary, regime_table
+from studies.fedtsa.source_regime import PAPER_LABEL, regime_reading, regime_summary, regime_table
 from ftta_core.training import CHECKPOINT_DIR
 
 source_cards = sorted(p.stem for p in Path(CHECKPOINT_DIR).glob("resnet8_cifar10*.json"))
@@ -223,12 +223,12 @@ fig.savefig(Path(figure_dir) / "source_regime.png", bbox_inches="tight")
 # ### How much does TTA-bn give each source model?
 # No-Adapt is one end of Table 1; every method in it starts from TTA-bn Local. Each stored TTA-bn run of the Table 1
 # protocol carries both per corruption (the source model's accuracy and Local's, before any mixing), so per model
-# (its Local runs: `python -m ftta_core fedtsa-table --tta bn --strategies local --model NAME ...`) the two rows
+# (its Local runs: `python -m ftta_core study fedtsa table --tta bn --strategies local --model NAME ...`) the two rows
 # stand beside the paper's No-Adapt and Local rows (FedTSA Table 2): levels, Local's gain, and how alike each row
 # ranks the corruptions.
 
 # %%
-from ftta_core.fedtsa.source_regime import adaptation_profiles, adaptation_reading, adaptation_summary
+from studies.fedtsa.source_regime import adaptation_profiles, adaptation_reading, adaptation_summary
 
 adaptation = adaptation_summary(adaptation_profiles(results_dir, source_cards, seeds=all_seeds))
 display(tables.show(adaptation, best=None))
@@ -238,7 +238,7 @@ display(Markdown(adaptation_reading(adaptation)))
 # ### Which of our conclusions change with the source model?
 # The Table 1 protocol run again on other source models (`other_source_models`: the shipped recipe for one epoch on
 # 10,000 images, at the paper's No-Adapt level, and on all images, at its TTA-bn Local level, as the two tables above
-# compute; their cards are above), with `python -m ftta_core fedtsa-table --model NAME ...` (planned in
+# compute; their cards are above), with `python -m ftta_core study fedtsa table --model NAME ...` (planned in
 # `figures/fedtsa_table1/source_model.plan.jsonl`). For every method with runs on the shipped model and another: its
 # gain over Local, paired by seed within each model, and whether the sign (a gain within ±0.5 is a tie) is the same;
 # the paper's gain in the same cell (its Table 1 means) stands beside them, and the reading counts, per model, the
@@ -250,7 +250,7 @@ display(Markdown(adaptation_reading(adaptation)))
 # Local). A step counts only where a model other than the shipped one has runs at it.
 
 # %%
-from ftta_core.fedtsa.source_regime import (conclusions_by_model, conclusions_figure, conclusions_reading, seeds_text,
+from studies.fedtsa.source_regime import (conclusions_by_model, conclusions_figure, conclusions_reading, seeds_text,
                                              stored_by_step)
 
 model_steps = [("bn", None), ("grad-running-adam", None), *[("grad-running-adam", lr) for lr in step_sizes]]
@@ -280,7 +280,7 @@ for model, grid in by_model.items():
 # state_dict, running statistics included; its optimiser is Adam 1e-5 where the paper says SGD 1e-4.
 # `--local-param bn=running` is that client (`ftta_core/tta/running.py`; tested against a plain `nn.Module`
 # train/eval loop in `tests/test_running_bn.py`). The 2x2 below crosses BN {batch, running} with the optimiser
-# {SGD 1e-4, Adam 1e-5} on the NIID protocol (seed 0 first): `python -m ftta_core fedtsa-table --tta CELL
+# {SGD 1e-4, Adam 1e-5} on the NIID protocol (seed 0 first): `python -m ftta_core study fedtsa table --tta CELL
 # --strategies local fedavg fedtsa --seeds 0 --settings niid --results figures/fedtsa_table1/runs --table ...` with
 # CELL in grad, grad-adam, grad-running, grad-running-adam. Differences are paired by seed; NaN = not run yet.
 
@@ -311,7 +311,7 @@ if len(ran):
 # In the paper both gaps come together: Local(grad) below Local(bn), FedAvg above Local (the paper columns of the
 # table). The 2x2's reading above says whether our cells reach the first; the rows below add settings where Local can
 # drift further: larger Adam steps in the reference clients' cell (IID first, where every client sees the same
-# corruption at a time, so averaging their states mixes nothing that differs; then NIID; `fedtsa-table --tta
+# corruption at a time, so averaging their states mixes nothing that differs; then NIID; `study fedtsa table --tta
 # grad-running-adam --lr X --strategies local fedavg --settings iid`, planned in
 # `figures/fedtsa_table1/step_size.plan.jsonl`), and the paper-regime source models at the same steps (the section on
 # source models above; `figures/fedtsa_table1/source_model.plan.jsonl`). The reading says, from these runs, whether
@@ -319,7 +319,7 @@ if len(ran):
 # paper's.
 
 # %%
-from ftta_core.fedtsa.table1 import degraded_local_reading, step_size_figure
+from studies.fedtsa.table1 import degraded_local_reading, step_size_figure
 
 steps = tta_grad_cells(results_dir=results_dir, seeds=all_seeds, cells=["grad-running-adam"],
                        lrs=[None, *step_sizes]).assign(model="shipped")
@@ -347,9 +347,9 @@ if (steps.seeds > 0).sum() > 1:  # each source model with runs at two or more st
 # top of this section (batch BN, SGD 1e-4) stays as it was.
 
 # %%
-from ftta_core import fidelity
-from ftta_core.fidelity import strategy_gains, strategy_gains_reading
-from ftta_core.fedtsa.table1 import grad_drift_figure
+from studies import fidelity
+from studies.fidelity import strategy_gains, strategy_gains_reading
+from studies.fedtsa.table1 import grad_drift_figure
 
 drift_cell = "grad-running-adam"
 drift_runs = stored_table1_runs(results_dir, methods, all_seeds, ttas=(drift_cell,), lr=drift_lr)
@@ -388,7 +388,7 @@ display(Markdown(fidelity.difference_by_step_reading(ft_cost)))
 # against plain reference modules in `tests/test_ft_forward.py`). A re-run must give exactly the stored accuracy:
 
 # %%
-from ftta_core.fedtsa.ft_forward import ft_forward_reading, ft_forward_summary, ft_forward_table
+from studies.fedtsa.ft_forward import ft_forward_reading, ft_forward_summary, ft_forward_table
 
 ft_reading = ft_forward_table(results_dir, Path(results_dir).parent / "ft_forward", lr=drift_lr).sort_values(
     ["setting", "seed"], ascending=[False, True])  # NIID first, then IID
@@ -495,15 +495,15 @@ display(Markdown(fidelity.claims_reading(claims) + " What moves them: " + fideli
 
 # %% [markdown]
 # ## The step size chosen by a rule stated before its runs, and the claims on unseen seeds
-# The drift step above is post hoc. `ftta_core.fedtsa.step_rule` replaces the choice by a rule committed before any of
+# The drift step above is post hoc. `studies.fedtsa.step_rule` replaces the choice by a rule committed before any of
 # its runs (docs/statistics.md): on a held-out seed, the largest step of a fixed grid at which Local stays within the
 # 0.5-point margin of its TTA-bn accuracy; no strategy and no paper number enters it. Local, FedAvg and FedTSA then
 # run at that step on seeds 5-7 (no stored protocol run used them), and at the drift step too when the rule picks
 # another, so the post-hoc cell is tested on seeds it was not chosen on
-# (`python -m ftta_core.fedtsa.step_rule --workers 2`, resumable).
+# (`python -m studies.fedtsa.step_rule --workers 2`, resumable).
 
 # %%
-from ftta_core.fedtsa import step_rule
+from studies.fedtsa import step_rule
 
 selection = step_rule.selection_table(results_dir)
 display(tables.show(selection.set_index("step"), best=None))

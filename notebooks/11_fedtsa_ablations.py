@@ -81,10 +81,11 @@ from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.training import source_model_line
-from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
+from studies.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
 from ftta_core.stats import comparison, comparison_phrase, paired
-from ftta_core.workbook import (common_seeds, heterogeneity_sweep, mean_std, ordering_phrase, per_domain_table,
-                               per_seed_values, run_grid, stored_summaries, strategy_comparison, sweep_reading)
+from ftta_core.workbook import (common_seeds, heterogeneity_sweep, mean_std, per_domain_table, per_seed_values, run_grid,
+                               stored_summaries, strategy_comparison)
+from studies.readings import ordering_phrase, sweep_reading
 
 style.use()
 smoke = smoke_mode(smoke)
@@ -96,7 +97,7 @@ if smoke:
     base = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=8, batch_size=10,
                             images_per_client=20, corruptions=["fog", "contrast", "frost", "glass_blur"],
                             device="cpu", **TTA_SETTINGS[tta])
-else:  # exactly the config of `python -m ftta_core fedtsa-table`, so Table 1's stored runs are shared
+else:  # exactly the config of `python -m ftta_core study fedtsa table`, so Table 1's stored runs are shared
     base = ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", clients=20, batch_size=10,
                             images_per_client=500, severity=5, **TTA_SETTINGS[tta])
 Path(figure_dir).mkdir(parents=True, exist_ok=True)
@@ -294,7 +295,7 @@ display(Markdown("\n\n".join([sweep_param_reading(fig7_t, "T", windows),
 
 # %% [markdown]
 # ## Tables 2 and 3: accuracy per corruption, beside the paper's CIFAR-10-C rows
-# Table 2 reads the IID protocol runs stored for Table 1 (`fedtsa-table`); Table 3 runs SH = 0.25 with a new
+# Table 2 reads the IID protocol runs stored for Table 1 (`study fedtsa table`); Table 3 runs SH = 0.25 with a new
 # corruption at every step. The paper's numbers are for its source model (35% without adaptation on Table 1's
 # protocol) and ours for the source model named at the top: compare the differences between methods per corruption.
 # Every per-corruption row is over the seeds that every method has per-corruption numbers for

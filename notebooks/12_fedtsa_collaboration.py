@@ -24,7 +24,7 @@
 # reads its Fig 5 as FedTSA's matrix showing the three groups as blocks, with groups 1 and 3 taking from group 2 (which
 # adapted to Snow just before) in the Snow slot; the reading at the end checks this on our runs. The paper ran this on
 # CIFAR-100-C; CIFAR-100 is not available here, so we run it on CIFAR-10-C with our ResNet-8
-# (`python -m ftta_core case-study`, scenario `case_study`).
+# (`python -m ftta_core study fedtsa case-study`, scenario `case_study`).
 
 # %% tags=["parameters"]
 # smoke=True (or FTTA_SMOKE=1): a few steps on the embedded digits, nothing read from figures/
@@ -47,9 +47,9 @@ from ftta_core.training import source_model_line
 from ftta_core import plots, style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.notebooks import smoke_mode
-from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
+from studies.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
 from ftta_core.scenarios import CASE_STUDY_ALL, CASE_STUDY_GROUPS
-from ftta_core.fedtsa.case_study import case_study_domains, case_study_reading, case_study_table
+from studies.fedtsa.case_study import case_study_domains, case_study_reading, case_study_table
 from ftta_core.workbook import group_weight_shares, run_stored, same_domain_weight
 
 style.use()

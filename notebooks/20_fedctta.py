@@ -28,7 +28,7 @@
 # No server training and nothing kept between rounds (the reference code's EMA of `mu` is an option). This notebook
 # opens one round on a small stream of the embedded digits, reads the CIFAR-10-C Table I runs stored so far, shows the
 # measured server cost against FedTSA, and runs the Table IV and Fig. 5 ablations on the digits. Implementation:
-# `ftta_core/strategies/fedctta.py`; helpers in `ftta_core/fedctta/` (`study.py`, `tables.py`, `server_cost.py`),
+# `ftta_core/strategies/fedctta.py`; helpers in `studies/fedctta/` (`study.py`, `tables.py`, `server_cost.py`),
 # `paper.py`, `plots.py`.
 
 # %% tags=["parameters"]
@@ -41,7 +41,7 @@ images_per_client = 60
 slot_steps = 6
 results_dir = "../figures/fedtsa_table1/runs"
 cifar_seeds = [0, 1, 2, 3, 4]
-case_study_dir = "../figures/case_study/cifar10_bn_fedctta"  # python -m ftta_core case-study --orders fedctta
+case_study_dir = "../figures/case_study/cifar10_bn_fedctta"  # python -m ftta_core study fedtsa case-study --orders fedctta
 server_cost_json = "../benchmarks/results/server_cost_cpu.json"
 sweep_dir = "../figures/fedtsa_ablations/runs"  # Fig 2's runs, shared with 11_fedtsa_ablations (its Fig 4)
 sweep_seeds = [0]
@@ -67,21 +67,22 @@ from ftta_core.training import source_model_line
 from ftta_core import plots, style, tables
 from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream
-from ftta_core.fedctta.study import (Variant, batch_size_variants, case_study_order, clean_probe_images,
+from studies.fedctta.study import (Variant, batch_size_variants, case_study_order, clean_probe_images,
                                      cluster_groups, distance_contrast, fedctta_round, interval_variants, live_grid,
                                      probe_temperature_grid, probe_temperature_reading, reading, split_table4,
                                      table4_variants, temperature_variants)
 from ftta_core.notebooks import smoke_mode
-from ftta_core.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
-from ftta_core.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4, beside_fedctta_table3
-from ftta_core.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
-from ftta_core.fedctta.server_cost import scaling_table
+from studies.paper import METHOD_LABELS, TTA_SETTINGS, beside_per_corruption, paper_table
+from studies.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4, beside_fedctta_table3
+from studies.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
+from studies.fedctta.server_cost import scaling_table
 from ftta_core.strategies import build_strategy
 from ftta_core.training import load_source_model
 from ftta_core.tta import build_local
 from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, per_domain_table, read_stored,
-                               stored_summaries, summary_config, sweep_reading)
-from ftta_core.fedctta.clusters import (MEET_SLOT, cluster_reading, cluster_table, departure_reading,
+                               stored_summaries, summary_config)
+from studies.readings import sweep_reading
+from studies.fedctta.clusters import (MEET_SLOT, cluster_reading, cluster_table, departure_reading,
                                         uniform_departure)
 from ftta_core.scenarios import CASE_STUDY_GROUPS
 
@@ -159,7 +160,7 @@ display(tables.show(shares, digits=3, best=None))
 
 # %% [markdown]
 # ## Table I: CIFAR-10-C, stored runs beside the paper
-# `python -m ftta_core fedtsa-table --tta bn|grad --strategies ... --results figures/fedtsa_table1/runs` runs the
+# `python -m ftta_core study fedtsa table --tta bn|grad --strategies ... --results figures/fedtsa_table1/runs` runs the
 # protocol (20 clients, batch 10, 500 images per client and corruption, severity 5, NIID = 4 clusters SH = 0.2 and
 # IID) and stores one summary per run. This cell reads what is stored (it runs nothing) and lays it beside FedCTTA's
 # Table I (`paper_*`) and FedTSA's Table 1 (`fedtsa_paper_mean`): the two papers report different numbers for the
@@ -198,7 +199,7 @@ display(tables.show(missing, best=None))
 # plan file above was extended this way with seeds 0-2, then 3-4).
 
 # %%
-from ftta_core import fidelity
+from studies import fidelity
 from ftta_core.workbook import run_grid
 
 if compute_claims and not smoke:
@@ -252,7 +253,7 @@ display(Markdown(fidelity.probe_contrast_reading(grad_vs_fedavg)))
 # against Local and against FedAvg, paired by seed (runs planned in `figures/fedtsa_table1/step_size.plan.jsonl`):
 
 # %%
-from ftta_core.fedtsa.table1 import degraded_local_reading, tta_grad_cells
+from studies.fedtsa.table1 import degraded_local_reading, tta_grad_cells
 
 display(Markdown(degraded_local_reading(tta_grad_cells(results_dir=results_dir, seeds=cifar_seeds,
                                                        cells=["grad-running-adam"], lrs=[drift_lr]))))
@@ -297,7 +298,7 @@ display(tables.show(beside_per_corruption(table2, "fedctta_table2", dataset="cif
 # ## Table III: the 10-client case study with the paper's orders (TTA-bn)
 # Clients 1-4 walk the corruptions in order, clients 5-7 the same walk four corruptions ahead (from Glass blur),
 # clients 8-10 in reverse; 500 images per client and corruption, batch 10. This cell reads the runs stored by
-# `python -m ftta_core case-study --orders fedctta --strategies local fedavg pfedgraph fedtsa fedctta --out
+# `python -m ftta_core study fedtsa case-study --orders fedctta --strategies local fedavg pfedgraph fedtsa fedctta --out
 # figures/case_study/cifar10_bn_fedctta` (stored runs are reused, so adding a strategy runs only that one). Rows:
 # accuracy of all ten clients per slot, ours and the paper's; the mean is over the slots both have.
 
@@ -317,7 +318,7 @@ else:
 # %% [markdown]
 # The same table with FedCTTA's probes handled as the reference clients do standing in FedCTTA's row: eval mode
 # (`fedctta@probe_bn=eval`), and the reference code's whole handling (`fedctta@probe_bn=eval,probes=per_client,
-# ema=0.9`), each stored by `case-study --orders fedctta --strategies SPEC --out ...`; and the order of the methods
+# ema=0.9`), each stored by `study fedtsa case-study --orders fedctta --strategies SPEC --out ...`; and the order of the methods
 # each gives:
 
 # %%
@@ -443,7 +444,7 @@ if smoke:
     t4_variants = {k: t4_variants[k] for k in keep}
 t4_grid = live_grid(cfg, t4_variants, seeds, cache=runs)
 t4 = beside_fedctta_table4(split_table4(t4_grid))
-refs = t4_grid[~t4_grid.variant.str.contains("/")].groupby("variant")["accuracy"].mean()
+refs = t4_grid[t4_grid.probes.isna()].groupby("variant")["accuracy"].mean()  # the baselines: no Table IV cell
 print("references (TTA-bn):", {METHOD_LABELS[k]: round(v, 2) for k, v in refs.items()})
 grad_cfg = ExperimentConfig(**{**cfg.to_dict(), **TTA_SETTINGS["grad"]})
 grad_grid = live_grid(grad_cfg, {"Local": Variant("local"), "FedAvg": Variant("fedavg")}, seeds, cache=runs)
@@ -459,18 +460,15 @@ display(tables.show(t4))
 # the scale of the model's logits.
 
 # %%
+# each grid carries its variants' factors as columns: interval; strategy and batch; temperature
 intervals = [1, 3] if smoke else [1, 2, 3, 6, 12, 36]
 interval_grid = live_grid(cfg, interval_variants(intervals), seeds, cache=runs)
-interval_grid["interval"] = interval_grid.variant.str.split().str[-1].astype(int)
 batches = [10, 30] if smoke else [10, 20, 30, 60]
 batch_grid = live_grid(cfg, batch_size_variants(batches, images_per_client,
                                                ("fedavg", "fedctta") if smoke else ("local", "fedavg", "fedctta")), seeds,
                        cache=runs)
-batch_grid[["strategy", "batch"]] = batch_grid.variant.str.extract(r"(\w+) / batch (\d+)")
-batch_grid["batch"] = batch_grid.batch.astype(int)
 temperatures = [1, 10] if smoke else [1, 3, 10, 30]
 temperature_grid = live_grid(cfg, temperature_variants(temperatures), seeds, cache=runs)
-temperature_grid["temperature"] = temperature_grid.variant.str.split().str[-1].astype(float)
 fig, axes = style.panels(3, ncols=3, panel=(3.6, 3.6))
 for ax, grid_, x, title in ((axes[0], interval_grid, "interval", "(a) aggregation interval"),
                             (axes[2], temperature_grid, "temperature", "(c) softmax temperature (not in the paper)")):

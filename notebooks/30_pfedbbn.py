@@ -34,7 +34,7 @@
 # meets its own 1,000 images again under every corruption). The label skew is `label_alpha` (each client's class
 # proportions ~ Dirichlet(alpha); `None` = IID pools), combined with the corruption stream.
 #
-# **Local-method settings** are the CIFAR-10-C benchmark's (`ftta_core.centralized.REFERENCE_PARAMS`: Tent on the BN
+# **Local-method settings** are the CIFAR-10-C benchmark's (`studies.centralized.REFERENCE_PARAMS`: Tent on the BN
 # affine parameters with Adam 1e-3; the others at their defaults, see each module), so Tent here is not FedTSA's
 # TTA-grad. Everything below reads stored run summaries; `compute=False` runs nothing.
 
@@ -102,7 +102,7 @@ reduced_corruptions = ["gaussian_noise", "defocus_blur", "snow", "jpeg_compressi
 reduced_alphas = [None, 0.1]
 reduced_methods = ["tent", "rotta", "bbn"]
 reduced_strategies = ["local", "fedavg"]
-# the one-client sanity run (python -m ftta_core centralized-tta ..., its first line says how it was made)
+# the one-client sanity run (python -m ftta_core study centralized table ..., its first line says how it was made)
 centralized_table = "../figures/centralized/cifar10c_continual_2000.csv"
 
 # %%
@@ -114,10 +114,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 
 from ftta_core.training import source_model_line
-from ftta_core.pfedbbn import imbalance
+from studies.pfedbbn import imbalance
 from ftta_core import plots, style, tables
 from ftta_core.notebooks import output_folder, smoke_mode
-from ftta_core.paper import paper_table
+from studies.paper import paper_table
 from ftta_core.workbook import per_domain_table, run_grid, stored_summaries
 
 style.use()
@@ -254,7 +254,7 @@ domains = per_domain_table(stored_summaries(base, bbn, seeds, results_dir), sour
 if domains.empty:
     print(f"no stored BBN runs at {setting}")
 else:
-    domains = domains.rename(index=lambda k: k.split(" ")[0])
+    domains = domains.rename(index={k: f"{v['local']}+{v['strategy']}" for k, v in bbn.items()})  # "Source" kept
     fig, ax = plt.subplots(figsize=(style.MAX_WIDTH, 3.8))
     imbalance.per_domain_plot(domains, ax, f"BBN per corruption, {setting}")
     display(tables.show(domains))
@@ -303,8 +303,8 @@ else:
 # %%
 from IPython.display import Markdown
 
-from ftta_core import fidelity
-from ftta_core.pfedbbn import temperature
+from studies import fidelity
+from studies.pfedbbn import temperature
 
 if smoke:
     t_base, t_dir = base, tempfile.mkdtemp()
@@ -319,7 +319,7 @@ else:
     t_steps = temperature.HELD_OUT_STEPS
 only_stored = not (compute or smoke)
 t_also = [] if smoke else [results_dir]  # the Table 1 grid's runs (T = 1, BBN alone, FedAvg + BBN): read, never written
-t_settings = [k for k in (t_variants or temperature.temperature_variants()) if k.startswith("T=")]
+t_settings = temperature.settings_of(t_variants or temperature.temperature_variants())  # those with a T factor
 t_variants_held = {k: v for k, v in (t_variants or temperature.temperature_variants()).items() if k in t_settings}
 held_out = temperature.temperature_grid(t_base, [temperature.HELD_OUT_SEED], t_alphas, t_variants_held,
                                         results_dir=t_dir, only_cached=only_stored, also_read=t_also,
@@ -330,7 +330,7 @@ reported = temperature.temperature_grid(t_base, t_seeds, t_alphas, t_variants, r
 print(f"stored: {len(held_out)} held-out runs, {len(reported)} reported runs (seeds {t_seeds})")
 if len(held_out):
     chosen = temperature.select_setting(held_out, t_settings)
-    display(tables.show(chosen.set_index("alpha"), best=None,
+    display(tables.show(chosen.drop(columns=temperature.CHOICE_T).set_index("alpha"), best=None,
                         caption="the rule's choice (held-out stream; none until every setting's held-out run is stored)"))
     display(Markdown(temperature.choice_reading(chosen)))
     # the choice against its runner-up on a second held-out stream (W's shares only; planned for near ties)
@@ -418,7 +418,7 @@ except ValueError as err:
 # ## Sanity: the local methods alone (one client, continual CIFAR-10-C)
 # Before federating them: each local method as a single client walking the 15 corruptions in order at severity 5,
 # batch 200, no reset (the continual protocol of the test-time-adaptation benchmark), error of the prediction made
-# while adapting, beside the benchmark's WRN-28 numbers (`ftta_core.centralized`). Our model is the ResNet-8 and
+# while adapting, beside the benchmark's WRN-28 numbers (`studies.centralized`). Our model is the ResNet-8 and
 # the stored run uses 2,000 images per corruption (the benchmark: 10,000) to fit a CPU; the same methods, settings
 # and order. Compare the ordering, not the errors: our source model is far more robust than WRN-28 without
 # adaptation, so every method starts from a lower error. With 2,000 images per corruption a method adapts over 10
@@ -433,7 +433,7 @@ except ValueError as err:
 # `skip_empty`, ROID `augment_kept_only`, CoTTA `jitter_order` (`ftta_core/tta/`).
 
 # %%
-from ftta_core.centralized import beside_reference, ordering_reading
+from studies.centralized import beside_reference, ordering_reading
 
 path = Path(centralized_table)
 if path.exists():
@@ -441,7 +441,7 @@ if path.exists():
     display(tables.show(beside))
     print(ordering_reading(beside))
 else:
-    print(f"{path} is not stored; make it with: python -m ftta_core centralized-tta --images 2000 "
+    print(f"{path} is not stored; make it with: python -m ftta_core study centralized table --images 2000 "
           f"--table {path.with_suffix('')}")
 
 # %% [markdown]

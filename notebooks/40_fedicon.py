@@ -104,7 +104,7 @@ from ftta_core.fedicon import (TABLE1_METHODS, TrainConfig, TTAConfig, cifar_lab
                                digit_covariate_clients, digit_lodo_clients, method_table, office_covariate_clients,
                                office_lodo_clients, run_methods)
 from ftta_core.fedicon.data import DIGIT_CLIENT_DOMAINS, OFFICE_CLIENT_DOMAINS
-from ftta_core.fedicon.report import (ablation_table, beside_paper, budget_reading, components_reading,
+from studies.fedicon.report import (ablation_table, beside_paper, budget_reading, components_reading,
                                       digits_reading, distinct_models, fill_by_spec, mean_by_method,
                                       other_settings_reading, paired_verdict, paper_columns, shift_cost_reading,
                                       shift_table)

@@ -64,7 +64,7 @@ office_size = 32       # low resolution (CPU budget): a flagged deviation from t
 office_epochs = 15
 tsne_images = 500
 figures_dir = "../figures/fedacross"
-a2_dir = "../figures/fedacross/a2"  # stored A2 runs: python -m ftta_core.fedacross.study --out DIR/a2_settling_seedS.csv
+a2_dir = "../figures/fedacross/a2"  # stored A2 runs: python -m studies.fedacross.study --out DIR/a2_settling_seedS.csv
 
 # %%
 import dataclasses
@@ -80,14 +80,14 @@ from ftta_core import style, tables
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.fedacross import (ClientSpec, PretrainSpec, build_model, load_fedacross, run_client,
                                  untrained_fedacross)
-from ftta_core.fedacross.office import beside_paper, office_table
+from studies.fedacross.office import beside_paper, office_table
 from ftta_core.fedacross.client import EarlyStop
-from ftta_core.fedacross.study import (A2_VARIANTS, a2_reading, a2_settling, accuracy_vs_k, accuracy_vs_k_figure,
+from studies.fedacross.study import (A2_VARIANTS, a2_reading, a2_settling, accuracy_vs_k, accuracy_vs_k_figure,
                                        cifar10c_clients, client_features, cost_table, fedacross_reading,
                                        new_client_benefit, support_indices, tsne_points)
 from ftta_core.flower import run_engine_on_flower, run_fedacross_on_flower
 from ftta_core.notebooks import output_folder, smoke_mode
-from ftta_core.paper import paper_table
+from studies.paper import paper_table
 from ftta_core.workbook import format_mean_std, mean_std, over_seeds
 
 torch.set_num_threads(1)
@@ -223,7 +223,7 @@ tables.show(costs, best=None)
 # cached unaugmented features (the sections above); A trained as Algorithm 1 (every support batch transformed by T
 # and passed through the frozen backbone, 200 epochs); the same with early stopping (a held-out item per class,
 # patience 10 checks; needs k > 1). The full-size runs are stored in `a2_dir` (one CSV per seed, made by
-# `python -m ftta_core.fedacross.study --out figures/fedacross/a2/a2_settling_seed<S>.csv --seeds <S> --ks 3 5 10`
+# `python -m studies.fedacross.study --out figures/fedacross/a2/a2_settling_seed<S>.csv --seeds <S> --ks 3 5 10`
 # on one CPU thread); in smoke mode a tiny version runs here.
 
 # %%
@@ -253,7 +253,7 @@ if len(a2):
         fig.savefig(out / "a2_settling.png", dpi=120, bbox_inches="tight")
     display(Markdown(a2_reading(a2)))
 else:
-    print(f"no stored A2 runs in {a2_dir}: run python -m ftta_core.fedacross.study (see above)")
+    print(f"no stored A2 runs in {a2_dir}: run python -m studies.fedacross.study (see above)")
 
 # %% [markdown]
 # ## Reading it

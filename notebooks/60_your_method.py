@@ -60,7 +60,7 @@ from ftta_core import check_backends_agree
 from ftta_core.plugins import load_plugins
 from ftta_core.experiment import ExperimentConfig, run_experiment
 from ftta_core import stats
-from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
+from studies.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
                                    run_leaderboard)
 from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.strategies import STRATEGIES

@@ -58,9 +58,10 @@ from ftta_core.training import source_model_line
 from ftta_core import style, tables
 from ftta_core.experiment import ExperimentConfig
 
-from ftta_core.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
+from studies.leaderboard import (gains_over_local, leaderboard_heatmap, leaderboard_reading, leaderboard_table,
                                    participation_figure, run_leaderboard)
-from ftta_core.leakage import leakage_reading, stored_leakage_table
+from ftta_core.leakage import stored_leakage_table
+from studies.readings import leakage_reading
 from ftta_core.notebooks import output_folder, smoke_mode
 from ftta_core.workbook import run_strategy_grid
 
@@ -174,15 +175,15 @@ if not rates.empty:
 # interval on the paper's side of 0 and within 0.5 points of its size, or inside +-0.5 for a tie; fewer than 3 seeds
 # is 'undetermined') beside the former rule's verdict, the cell's class (the paper's protocol, the reference code's, a
 # factorial cell set before results, the cell the pre-registered step-size rule picked, post hoc, or the post-hoc cell
-# on unseen seeds) and the runs that settle it (`ftta_core.fidelity`, `ftta_core.pfedbbn.temperature`; notebooks 10,
+# on unseen seeds) and the runs that settle it (`studies.fidelity`, `studies.pfedbbn.temperature`; notebooks 10,
 # 20 and 30 show each group with its figures). Rows whose two sides are the same computation hold by construction and
 # are not counted. FedAvg+FT above Local comes twice: as we predict and as the reference code reports it (notebook
 # 10's `ft_forward` reading). A claim without stored runs says so. First the counts per cell class, beside the former
 # rule's:
 
 # %%
-from ftta_core import fidelity
-from ftta_core.results_summary import workbook_claims
+from studies import fidelity
+from studies.results_summary import workbook_claims
 
 # the same table the README's generated results block counts (FedAvg+FT also as the reference code reports it)
 claims = workbook_claims(table1_runs, pfedbbn=not smoke)
@@ -196,14 +197,14 @@ display(Markdown(fidelity.claims_reading(claims)))
 # In the drift cell (running BN, Adam 3e-4; a cell chosen *post hoc*, after seeing seed 0's claims, which is why the
 # study reruns it on its own seeds and adds the paper's TTA-grad cell at seed 0 as a check) the source-anchored FedProx
 # gains more over Local than any strategy of Table 1. Does a strategy still add points once each client is anchored to the source on its own? The study
-# `ftta_core.anchored` crosses anchored clients (a proximal term to the source, CoTTA's stochastic restore alone,
+# `studies.anchored` crosses anchored clients (a proximal term to the source, CoTTA's stochastic restore alone,
 # EATA's Fisher term alone, periodic resets) with Local and four strategies, NIID and IID, at seeds 0-2; every
 # anchor's strength was stated in that module before its runs. Its plain-client rows are the stored Table 1 runs; the
-# anchored rows fill in as `python -m ftta_core.anchored` stores runs (the coverage line says how many). Each
+# anchored rows fill in as `python -m studies.anchored` stores runs (the coverage line says how many). Each
 # strategy's gain is paired by seed with Local *using the same client*, and with Local using the plain client.
 
 # %%
-from ftta_core import anchored
+from studies import anchored
 
 anchored_runs = anchored.study_runs(only_cached=True)
 coverage = anchored_runs[anchored_runs.cell == anchored.CELL].groupby("client").size()
@@ -221,6 +222,19 @@ display(tables.show(anchored.cost_table(anchored_runs, anchored_gains).set_index
 fig = anchored.gains_figure(anchored_gains)
 fig.savefig(Path(figure_dir) / "anchored_gains.png", dpi=120, bbox_inches="tight")
 display(Markdown(anchored.reading(anchored_gains, anchored_best)))
+
+# %% [markdown]
+# ### The anchored clients on the leaderboard
+# The same runs as a board: each client x strategy of the drift cell, mean accuracy with its 95 % half-width and
+# seeds, NIID above IID on one colour scale (`anchored.board`, `studies.leaderboard`'s table and heatmap).
+
+# %%
+for anchored_setting in anchored.SETTINGS:
+    anchored_board, _ = anchored.board(anchored_runs, anchored_setting)
+    display(tables.show(anchored_board, best=None, digits=2,
+                        caption=f"{anchored_setting.upper()}, drift cell: every stored client x strategy, best first"))
+fig = anchored.board_figure(anchored_runs)
+fig.savefig(Path(figure_dir) / "anchored_board.png", dpi=120, bbox_inches="tight")
 
 # %% [markdown]
 # ## Reading it

@@ -1,13 +1,14 @@
-"""The anchored-client study (``ftta_core.anchored``, issue 56): its configs reuse the stored Table 1 runs for the
+"""The anchored-client study (``studies.anchored``, issue 56): its configs reuse the stored Table 1 runs for the
 plain client, its plan holds exactly the missing runs, and its tables pair by seed through the statistics module."""
 import json
 
 import pandas as pd
 import pytest
 
-from ftta_core import anchored, stats
+from ftta_core import stats
+from studies import anchored
 from ftta_core.workbook import config_key
-from ftta_core.fedtsa.table1 import table1_config
+from studies.fedtsa.table1 import table1_config
 
 
 def test_the_plain_client_is_the_stored_table1_cell_and_anchors_only_add_their_parameters():
@@ -77,3 +78,22 @@ def test_reset_rule_picks_the_best_held_out_period_and_waits_for_every_run():
     table = pd.DataFrame({"reset_every": [50, 150, 375], "accuracy": [40.0, 45.0, 45.0]})
     assert anchored.chosen_reset(table) == 375
     assert anchored.chosen_reset(table.assign(accuracy=[40.0, float("nan"), 1.0])) is None
+
+
+def test_the_board_ranks_clients_by_strategy_per_setting_and_draws_both_settings_on_one_scale():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [{"cell": anchored.CELL, "setting": s, "client": c, "strategy": st, "seed": seed,
+             "accuracy": base + seed * 0.1}
+            for s, c, st, base in (("niid", "plain", "local", 56.0), ("niid", "prox", "local", 68.8),
+                                   ("niid", "prox", "fedavg", 65.0), ("iid", "plain", "fedavg", 66.0))
+            for seed in (0, 1, 2)]
+    runs = pd.DataFrame(rows + [{**rows[0], "cell": "grad"}])  # another cell's run never enters the board
+    table, grid = anchored.board(runs, "niid")
+    assert list(table.index) == [("prox", "local"), ("prox", "fedavg"), ("plain", "local")]
+    assert table.loc[("plain", "local"), "seeds"] == 3 and set(grid["local"]) == {"plain", "prox"}
+    assert anchored.board(runs.iloc[:0], "iid")[0].empty
+    fig = anchored.board_figure(runs)
+    bars = [ax for ax in fig.axes if "mean accuracy" in ax.get_ylabel()]  # the two heatmaps' colour bars
+    assert len(bars) == 2 and len({tuple(round(v, 6) for v in bar.get_ylim()) for bar in bars}) == 1

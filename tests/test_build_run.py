@@ -12,7 +12,7 @@ import torch
 from ftta_core.build import Recorder, build_run, build_strategy_for, run_length
 from ftta_core.loop import run_steps
 from ftta_core.experiment import ExperimentConfig, run_experiment, run_strategies
-from ftta_core.fedctta.study import run_live
+from studies.fedctta.study import run_live
 from ftta_core.leakage import collect_uploads
 
 BASE = dict(dataset="embedded_digits", scenario="heterogeneity", corruptions=["gaussian_noise", "fog"], clients=4,

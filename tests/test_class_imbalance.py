@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from ftta_core.pfedbbn import imbalance
+from studies.pfedbbn import imbalance
 from ftta_core.loop import class_counts
 from ftta_core.experiment import (ClassTally, ExperimentConfig, build_scenario, run_experiment, run_strategies)
-from ftta_core.paper import paper_table
+from studies.paper import paper_table
 from ftta_core.stream import CorruptedDomains, Stream
 
 SMALL = dict(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=8, images_per_client=24,

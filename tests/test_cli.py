@@ -7,7 +7,11 @@ import pytest
 
 from ftta_core.cli import build_parser, main
 
-COMMANDS = ["run", "train-source", "eval-source", "cards", "gallery", "notebooks", "fedtsa-table", "case-study"]
+COMMANDS = ["run", "train-source", "eval-source", "cards", "gallery", "notebooks", "study"]
+# every study action registered by the studies package (pyproject.toml's ftta.studies entry points)
+STUDY_ACTIONS = [["study", "fedtsa", "table"], ["study", "fedtsa", "case-study"], ["study", "fedtsa", "grad-cells"],
+                 ["study", "fedctta", "case-study"], ["study", "fedicon", "table"], ["study", "fedacross", "pretrain"],
+                 ["study", "centralized", "table"], ["study", "fedtsa", "claims"]]
 
 
 @pytest.mark.slow  # starts real processes: make test, not make test-fast
@@ -24,9 +28,25 @@ def test_every_command_has_help(cmd, capsys):
     assert exc.value.code == 0 and "usage" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("action", STUDY_ACTIONS, ids=" ".join)
+def test_every_study_action_has_help(action, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([*action, "--help"])
+    assert exc.value.code == 0 and "usage" in capsys.readouterr().out
+
+
+def test_the_library_registers_the_studies_through_entry_points():
+    """``study`` lists what the ftta.studies entry points register, and the library imports no study to do it."""
+    from ftta_core.study_registry import registered_studies
+
+    studies = registered_studies()
+    assert {"fedtsa", "fedctta", "pfedbbn", "fedicon", "fedacross", "anchored", "centralized", "results"} <= set(studies)
+    assert {"table", "case-study", "grad-cells", "claims", "step-rule"} <= set(studies["fedtsa"].actions)
+
+
 def test_fedtsa_table_runs_caches_and_sits_beside_the_paper(tmp_path, monkeypatch):
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
-    args = ["fedtsa-table", "--tta", "bn", "--strategies", "local", "fedavg", "--seeds", "0", "1", "--settings",
+    args = ["study", "fedtsa", "table", "--tta", "bn", "--strategies", "local", "fedavg", "--seeds", "0", "1", "--settings",
             "niid", "--dataset", "embedded_digits", "--device", "cpu", "--max-steps", "2", "--results",
             str(tmp_path / "results"), "--table", str(tmp_path / "table")]
     assert main(args) == 0
@@ -42,7 +62,7 @@ def test_fedtsa_table_runs_caches_and_sits_beside_the_paper(tmp_path, monkeypatc
 
 
 def test_paper_numbers_are_the_fedtsa_table():
-    from ftta_core.paper import paper_table
+    from studies.paper import paper_table
 
     t = paper_table("fedtsa_table1").set_index(["method", "dataset", "setting", "tta"])
     assert t.loc[("Local", "cifar10", "niid", "bn"), "mean"] == 56.93
@@ -51,7 +71,7 @@ def test_paper_numbers_are_the_fedtsa_table():
 
 
 def test_local_row_is_derived_from_accuracy_local_under_tta_bn():
-    from ftta_core.fedtsa.table1 import beside_fedtsa_table1
+    from studies.fedtsa.table1 import beside_fedtsa_table1
 
     grid = pd.DataFrame({"strategy": ["fedavg", "fedavg"], "setting": ["niid", "niid"], "seed": [0, 1],
                          "accuracy": [50.0, 52.0], "accuracy_local": [55.0, 57.0], "accuracy_source": [30.0, 31.0]})
@@ -78,7 +98,7 @@ def test_text_outputs_of_an_executed_notebook(tmp_path):
 def test_case_study_stores_compact_runs_and_reuses_them(tmp_path, monkeypatch):
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "case"
-    args = ["case-study", "--strategies", "local", "fedavg", "--dataset", "embedded_digits", "--device", "cpu",
+    args = ["study", "fedtsa", "case-study", "--strategies", "local", "fedavg", "--dataset", "embedded_digits", "--device", "cpu",
             "--max-steps", "3", "--out", str(out)]
     assert main(args) == 0
     table = pd.read_csv(out / "table.csv", index_col=[0, 1])
@@ -126,7 +146,7 @@ def test_case_study_keeps_a_strategy_with_parameters_under_its_spec(tmp_path, mo
     out = tmp_path / "case"
     common = ["--dataset", "embedded_digits", "--device", "cpu", "--max-steps", "3", "--out", str(out)]
     spec = "fedctta@probe_bn=eval,temperature=2"
-    assert main(["case-study", "--orders", "fedctta", "--strategies", "fedctta", spec, *common]) == 0
+    assert main(["study", "fedtsa", "case-study", "--orders", "fedctta", "--strategies", "fedctta", spec, *common]) == 0
     config = json.loads((out / spec / "summary.json").read_text())["config"]
     assert config["strategy"] == "fedctta" and config["strategy_params"] == {"probe_bn": "eval", "temperature": 2}
     assert json.loads((out / "fedctta" / "summary.json").read_text())["config"]["strategy_params"] == {}
@@ -134,8 +154,8 @@ def test_case_study_keeps_a_strategy_with_parameters_under_its_spec(tmp_path, mo
     table = pd.read_csv(out / "table.csv", index_col=[0, 1])
     assert {spec, "fedctta"} <= set(table.index.get_level_values("strategy"))
     stamp = (out / spec / "summary.json").stat().st_mtime_ns
-    assert main(["case-study", "--orders", "fedctta", "--strategies", spec, *common]) == 0
+    assert main(["study", "fedtsa", "case-study", "--orders", "fedctta", "--strategies", spec, *common]) == 0
     assert (out / spec / "summary.json").stat().st_mtime_ns == stamp
-    assert main(["case-study", "--strategies", "fedctta@probe_bn", *common]) == 2
+    assert main(["study", "fedtsa", "case-study", "--strategies", "fedctta@probe_bn", *common]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fedctta@probe_bn" in err[0]

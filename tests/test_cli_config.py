@@ -46,7 +46,10 @@ def captured(monkeypatch, tmp_path):
 
 def command_parser(name: str):
     """The sub-parser of command ``name`` with its generated options added."""
-    return build_parser()._subparsers._group_actions[0].choices[name].complete([])
+    parser = build_parser()
+    for word in name.split():  # "study fedtsa table": the sub-parser of each word in turn
+        parser = parser._subparsers._group_actions[0].choices[word]
+    return parser.complete([])
 
 
 def sample_argv(name: str, config: type = ExperimentConfig) -> list:
@@ -140,10 +143,10 @@ def test_the_help_lists_every_scenario_and_registered_method():
         assert all(name in text for name in names)
 
 
-@pytest.mark.parametrize("command, fields", [("fedtsa-table", ("dataset", "device", "backend", "max_steps")),
-                                             ("case-study", ("seed", "dataset", "device", "max_steps")),
-                                             ("centralized-tta", ("dataset", "batch_size", "severity", "corruptions",
-                                                                  "seed", "device", "backend"))])
+@pytest.mark.parametrize("command, fields", [("study fedtsa table", ("dataset", "device", "backend", "max_steps")),
+                                             ("study fedtsa case-study", ("seed", "dataset", "device", "max_steps")),
+                                             ("study centralized table", ("dataset", "batch_size", "severity",
+                                                                          "corruptions", "seed", "device", "backend"))])
 def test_commands_that_build_configs_share_the_generated_options(command, fields):
     parser = command_parser(command)
     for name in fields:

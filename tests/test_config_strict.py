@@ -233,10 +233,10 @@ def test_real_bugs_are_not_swallowed(tmp_path, monkeypatch):
 
 
 def test_other_commands_that_build_configs_report_one_line(tmp_path, capsys):
-    assert main(["case-study", "--dataset", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["study", "fedtsa", "case-study", "--dataset", "nope", "--out", str(tmp_path)]) == 2
     err = one_line(capsys.readouterr().err)
     assert "config field 'dataset': unknown dataset 'nope'" in err
-    assert main(["fedtsa-table", "--tta", "bn", "--strategies", "fedavg", "--dataset", "nope", "--results",
+    assert main(["study", "fedtsa", "table", "--tta", "bn", "--strategies", "fedavg", "--dataset", "nope", "--results",
                  str(tmp_path / "r"), "--table", str(tmp_path / "t")]) == 2
     assert "unknown dataset 'nope'" in one_line(capsys.readouterr().err)
 

@@ -1,7 +1,7 @@
 """No hand-typed result numbers in the docs pages.
 
 Every result number is generated from stored runs by code: the executed notebooks, the tables under ``figures/`` and
-the README's generated block (``python -m ftta_core.results_summary``). A docs page says what was run, where its
+the README's generated block (``python -m studies.results_summary``). A docs page says what was run, where its
 numbers are and which command made them; it does not retype them. A result-like number is a decimal with a sign
 (``+7.73``, ``-4.74``, ``−0.5``) or with a percent (``72.76 %``, ``63.5%``), outside code spans and code blocks.
 Protocol numbers (``5 seeds``, ``Adam 3e-4``, ``750 steps``, ``severity 5``) do not match.

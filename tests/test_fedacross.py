@@ -9,7 +9,7 @@ from ftta_core.fedacross import (ClientSpec, ModelSpec, PretrainSpec, VolumeSamp
                                  balanced_select, build_model, class_prototypes, load_fedacross, merge_adapters,
                                  nearest_prototype, predict, pretrain_server, random_select, run_client,
                                  save_fedacross, sherman_morrison, vessal_select)
-from ftta_core.fedacross.study import cost_table
+from studies.fedacross.study import cost_table
 from ftta_core.data import load_embedded_digits
 from ftta_core.rng import numpy_generator, torch_generator
 

@@ -13,7 +13,7 @@ from ftta_core.fedacross import (ClientSpec, EarlyStop, ModelSpec, adapt_client,
                                  holdout_split, train_adapter, vessal_select,
                                  vessal_select_per_class)
 from ftta_core.fedacross.client import _holdout_score, backbone_features, client_copy, embed_features
-from ftta_core.fedacross.study import (A2_VARIANTS, ClientFeatures, a2_settling, a2_summary, evaluate_client,
+from studies.fedacross.study import (A2_VARIANTS, ClientFeatures, a2_settling, a2_summary, evaluate_client,
                                        support_indices)
 from ftta_core.rng import numpy_generator, torch_generator
 
@@ -174,7 +174,7 @@ def test_a2_settling_tiny(model):
 def test_a2_reading_pairs_each_variant_with_g_by_seed():
     import pandas as pd
 
-    from ftta_core.fedacross.study import A2_VARIANTS, a2_reading
+    from studies.fedacross.study import A2_VARIANTS, a2_reading
 
     rows = []
     for seed in (0, 1, 2):
@@ -194,7 +194,7 @@ def test_a2_reading_pairs_each_variant_with_g_by_seed():
 def test_fedacross_reading_calls_a_cell_above_or_below_g_only_when_its_interval_excludes_0():
     import pandas as pd
 
-    from ftta_core.fedacross.study import fedacross_reading
+    from studies.fedacross.study import fedacross_reading
 
     rows = []
     for seed in (0, 1, 2):

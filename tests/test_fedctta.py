@@ -283,7 +283,7 @@ def test_case_study_clusters_are_read_against_uniform_mixing_and_the_meeting_slo
     import numpy as np
 
     from ftta_core.experiment import ExperimentConfig
-    from ftta_core.fedctta.clusters import MEET_SLOT, cluster_reading, cluster_table
+    from studies.fedctta.clusters import MEET_SLOT, cluster_reading, cluster_table
     from ftta_core.scenarios import CASE_STUDY_GROUPS
     from ftta_core.workbook import StoredRun
 
@@ -315,7 +315,7 @@ def test_case_study_clusters_are_read_against_uniform_mixing_and_the_meeting_slo
 def test_uniform_departure_finds_the_step_where_w_leaves_uniform_mixing():
     import numpy as np
 
-    from ftta_core.fedctta.clusters import departure_reading, uniform_departure
+    from studies.fedctta.clusters import departure_reading, uniform_departure
 
     w = np.full((6, 4, 4), 0.25)
     w[4:, 0, :] = [0.4, 0.2, 0.2, 0.2]  # W leaves uniform mixing at step 4
@@ -323,3 +323,51 @@ def test_uniform_departure_finds_the_step_where_w_leaves_uniform_mixing():
     assert list(table["largest |W - 1/N|"].round(6)) == [0.0, 0.0, 0.15] and (table["first step above"] == 4).all()
     assert "first exceeds 0.001 at step 4" in departure_reading("x", table)
     assert "it is FedAvg" in departure_reading("y", uniform_departure(np.full((4, 4, 4), 0.25), slot_steps=2))
+
+
+# ---------------------------------------------------------------- the study's grids: parameters from factors
+
+
+def test_study_variants_carry_their_parameters_as_factors():
+    from studies.fedctta.study import (TABLE4_CELLS, batch_size_variants, interval_variants, table4_variants,
+                                       temperature_variants)
+
+    t4 = table4_variants(torch.rand(2, 3, 16, 16))
+    for cell in TABLE4_CELLS:
+        v = t4["/".join(cell)]
+        assert tuple(v.factors.values()) == cell and (v.params["on"], v.params["distance"]) == cell[1:]
+    assert t4["local"].factors == {} == t4["fedavg"].factors
+    assert interval_variants([3])["interval 3"].factors == {"interval": 3}
+    hot = temperature_variants([3], "eval mode / ", probe_bn="eval")["eval mode / temperature 3"]
+    assert hot.factors == {"temperature": 3.0} and hot.params == {"probe_bn": "eval", "temperature": 3.0}
+    batch = batch_size_variants([30], 60, ("fedavg",))["fedavg / batch 30"]
+    assert batch.factors == {"strategy": "fedavg", "batch": 30} and batch.config["batch_size"] == 30
+
+
+def test_grid_parameters_come_from_the_factors_whatever_the_labels_say():
+    """Variants under arbitrary (even misleading) labels: the grid's interval, temperature, probe setting and Table
+    IV cell are the variants' factors, and the labels change no run."""
+    from ftta_core.experiment import ExperimentConfig
+    from studies.fedctta.study import (TABLE4_FACTORS, interval_variants, live_grid, probe_temperature_grid,
+                                       split_table4, table4_variants, temperature_variants)
+
+    cfg = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, sh=0.5,
+                           corruptions=["fog", "contrast"], images_per_client=20, slot_steps=2, batch_size=5,
+                           local="bn", device="cpu", seed=0, max_steps=4)
+    t4 = table4_variants(torch.rand(8, 3, 16, 16))
+    variants = {"a": interval_variants([3])["interval 3"], "interval 1": temperature_variants([10])["temperature 10"],
+                "temperature 3": t4["clean_images/features/cosine"], "x/y/z": t4["random_noise/logits/kl"],
+                "b": t4["fedavg"]}
+    grid = live_grid(cfg, variants, [0])
+    assert list(grid.variant) == list(variants)
+    assert grid.interval.iloc[0] == 3 and grid.interval.iloc[1:].isna().all()
+    assert grid.temperature.iloc[1] == 10.0 and grid.temperature.drop(1).isna().all()
+    cells = split_table4(grid)
+    assert cells[TABLE4_FACTORS].values.tolist() == [["clean_images", "features", "cosine"],
+                                                      ["random_noise", "logits", "kl"]]
+    assert cells["mean"].tolist() == grid.accuracy.iloc[2:4].tolist() and (cells.seeds == 1).all()
+    assert grid[grid.probes.isna()].variant.tolist() == ["a", "interval 1", "b"]  # no Table IV cell
+    relabelled = live_grid(cfg, {"interval 3": variants["a"], "fedctta / temperature 10": variants["interval 1"]}, [0])
+    assert relabelled.accuracy.tolist() == grid.accuracy.iloc[:2].tolist()
+    probe = probe_temperature_grid(cfg, [3], [0], settings={"a / temperature 1": {"ema": 0.9}})
+    assert probe.setting.tolist() == ["a / temperature 1"] and probe.temperature.tolist() == [3.0]

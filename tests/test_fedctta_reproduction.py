@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from ftta_core.fedctta.study import (TABLE4_CELLS, Variant, batch_size_variants, build_variant, cluster_groups,
+from studies.fedctta.study import (TABLE4_CELLS, Variant, batch_size_variants, build_variant, cluster_groups,
                                      distance_contrast, fedctta_round, heterogeneity_reading, live_grid, reading,
                                      run_live, split_table4, table4_variants)
-from ftta_core.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4
-from ftta_core.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
-from ftta_core.paper import paper_table
-from ftta_core.fedctta.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
+from studies.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4
+from studies.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
+from studies.paper import paper_table
+from studies.fedctta.server_cost import (bn_state_shapes, extrapolate_linear, fill_indicator_memory, measure_rounds,
                                            model_dims, peak_allocation, probe_forward_cost, scaling_table, server_round,
                                            summarize_rounds, synthetic_inputs, tensor_bytes, upload_bytes,
                                            upload_shapes)
@@ -281,8 +281,11 @@ def test_live_grid_variants_and_groups(tiny_cfg):
     keep = {k: variants[k] for k in ("random_noise/logits/euclidean", "clean_images/features/cosine", "local")}
     grid = live_grid(tiny_cfg, keep, [0])
     assert list(grid.variant) == list(keep) and grid.accuracy.between(0, 100).all()
-    cells = split_table4(grid)
-    assert set(cells.probes) == {"random_noise", "clean_images"} and (cells.seeds == 1).all()
+    cells = split_table4(grid)  # the cells from the variants' factors, in the order run; the baseline left out
+    assert list(zip(cells.probes, cells.statistic, cells.distance)) == [("random_noise", "logits", "euclidean"),
+                                                                        ("clean_images", "features", "cosine")]
+    assert list(cells.columns) == ["probes", "statistic", "distance", "mean", "std", "seeds"]
+    assert (cells.seeds == 1).all()
     again = live_grid(tiny_cfg, {"local": Variant("local")}, [0])
     assert again.accuracy.item() == grid[grid.variant == "local"].accuracy.item()
 
@@ -290,7 +293,7 @@ def test_live_grid_variants_and_groups(tiny_cfg):
 def test_probe_temperature_grid_names_settings_and_reads_self_weight(tiny_cfg):
     """Every (probe setting, temperature) runs once; W's self-weight is read from the run (FedAvg's is 1/N), and the
     reading states the EMA's effect within each probe normalisation."""
-    from ftta_core.fedctta.study import PROBE_SETTINGS, probe_temperature_grid, probe_temperature_reading
+    from studies.fedctta.study import PROBE_SETTINGS, probe_temperature_grid, probe_temperature_reading
 
     grid = probe_temperature_grid(tiny_cfg, [1, 10], [0])
     assert set(grid.setting) == set(PROBE_SETTINGS) and set(grid.temperature) == {1.0, 10.0} and len(grid) == 10
@@ -340,7 +343,7 @@ def test_reading_states_the_computed_numbers():
 
 
 def test_case_study_order_says_when_the_orders_agree():
-    from ftta_core.fedctta.study import case_study_order
+    from studies.fedctta.study import case_study_order
 
     index = pd.MultiIndex.from_product([["No-Adapt", "FedCTTA", "FedTSA"], ["ours", "paper"]], names=["method", "who"])
     table3 = pd.DataFrame({"mean (slots run)": [60.0, 58.0, 70.0, 65.7, 69.0, 64.0]}, index=index)
@@ -363,7 +366,7 @@ def test_heterogeneity_reading_states_drops_and_where_fedctta_is_best():
 
 
 def test_beside_per_corruption_puts_row_means_beside_the_papers_and_gaps_to_fedavg():
-    from ftta_core.paper import beside_per_corruption
+    from studies.paper import beside_per_corruption
 
     ours = pd.DataFrame({"fog": [60.0, 50.0], "mean": [70.0, 66.0], "seeds": [2, 1]}, index=["fedavg", "fedctta"])
     side = beside_per_corruption(ours, "fedctta_table2", dataset="cifar10")
@@ -388,7 +391,7 @@ def test_stored_table1_runs_count_summaries_written_before_a_config_field_existe
 
 
 def test_beside_fedctta_table3_lines_up_slots_and_gains_over_no_adapt():
-    from ftta_core.fedctta.tables import beside_fedctta_table3
+    from studies.fedctta.tables import beside_fedctta_table3
     from ftta_core.workbook import StoredRun
 
     slots = pd.DataFrame([{"slot": s, "client": c, "domain": "d", "n": 10, "accuracy_source": 50.0,

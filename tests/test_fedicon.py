@@ -159,11 +159,11 @@ def test_study_methods_and_cache(tmp_path):
 def test_cli_fedicon_writes_table(tmp_path):
     from ftta_core.cli import main
 
-    assert main(["fedicon", "--methods", "FedAvg", "T3A", "--rounds", "1", "--n-train", "8", "--n-test", "4",
+    assert main(["study", "fedicon", "table", "--methods", "FedAvg", "T3A", "--rounds", "1", "--n-train", "8", "--n-test", "4",
                  "--out", str(tmp_path)]) == 0
     text = (tmp_path / "table.md").read_text()
     assert "FedAvg" in text and "T3A" in text and "mnistm" in text
-    assert main(["fedicon", "--methods", "nope", "--rounds", "1", "--n-train", "8", "--n-test", "4",
+    assert main(["study", "fedicon", "table", "--methods", "nope", "--rounds", "1", "--n-train", "8", "--n-test", "4",
                  "--out", str(tmp_path)]) == 2
 
 
@@ -216,7 +216,7 @@ def _tidy(values):
 
 
 def test_paired_verdict_flags_a_fedavg_at_chance():
-    from ftta_core.fedicon.report import paired_verdict
+    from studies.fedicon.report import paired_verdict
 
     at_chance = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 11.0}}})
     trained = _tidy({"FedICON": {0: {"a": 40.0}}, "FedAvg": {0: {"a": 30.0}}})
@@ -229,7 +229,7 @@ def test_paired_verdict_flags_a_fedavg_at_chance():
 
 
 def test_budget_reading_reports_each_budget_and_the_domain_gap():
-    from ftta_core.fedicon.report import budget_reading
+    from studies.fedicon.report import budget_reading
 
     small = _tidy({"FedICON": {s: {"mnist": 80.0, "mnistm": 20.0 + s} for s in (0, 1)},
                    "FedAvg": {s: {"mnist": 80.0, "mnistm": 40.0} for s in (0, 1)}})
@@ -246,7 +246,7 @@ def test_budget_reading_reports_each_budget_and_the_domain_gap():
 
 
 def test_fill_by_spec_gives_a_variant_the_runs_of_its_twin_method_and_no_other():
-    from ftta_core.fedicon.report import distinct_models, fill_by_spec
+    from studies.fedicon.report import distinct_models, fill_by_spec
     from ftta_core.fedicon.study import ABLATION, ablation_name
 
     variants = [ablation_name(*f) for f in ABLATION]
@@ -263,7 +263,7 @@ def test_fill_by_spec_gives_a_variant_the_runs_of_its_twin_method_and_no_other()
 
 
 def test_components_reading_pairs_each_part_and_names_ties():
-    from ftta_core.fedicon.report import components_reading
+    from studies.fedicon.report import components_reading
     from ftta_core.fedicon.study import ABLATION, ablation_name
 
     acc = {(0, 0, 0): 30.0, (1, 0, 0): 35.0, (0, 1, 0): 50.0, (0, 0, 1): 31.0, (1, 1, 0): 55.0, (0, 1, 1): 58.0,

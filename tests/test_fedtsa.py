@@ -720,7 +720,7 @@ def test_claims_reading_pairs_seeds_and_names_each_verdict():
     """Notebook 10's reading of Table 1: each difference paired by seed and decided by ``stats.verdict`` (NIID
     'beats': a direction claim, the interval above 0; IID 'matches': a tie claim, the interval inside +-0.5); a
     missing FedTSA row is said."""
-    from ftta_core.fedtsa.table1 import fedtsa_claims_reading
+    from studies.fedtsa.table1 import fedtsa_claims_reading
 
     rows = []
     for seed in range(3):
@@ -746,7 +746,7 @@ def test_claims_reading_pairs_seeds_and_names_each_verdict():
 
 def test_table1_markdown_gives_no_spread_for_one_seed():
     """A row stored at one seed shows its mean and (1), never a '± 0.00' spread it does not have."""
-    from ftta_core.fedtsa.table1 import to_markdown
+    from studies.fedtsa.table1 import to_markdown
 
     table = pd.DataFrame({"method": ["Local", "FedAvg"], "setting": ["niid", "iid"], "ours_mean": [60.0, 61.5],
                           "ours_std": [0.0, 0.25], "seeds": [1, 3], "paper_mean": [56.93, float("nan")],

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ftta_core.fidelity import accuracies, claims_counts, claims_reading, claims_table, fedavgm_claims, paired
-from ftta_core.fedtsa.table1 import table1_config
-from ftta_core.paper import METHOD_LABELS
+from studies.fidelity import accuracies, claims_counts, claims_reading, claims_table, fedavgm_claims, paired
+from studies.fedtsa.table1 import table1_config
+from studies.paper import METHOD_LABELS
 from ftta_core.runstore import store_summary
 from ftta_core.workbook import config_key
 
@@ -23,7 +23,7 @@ def _store(folder, tta, setting, strategy, seed, accuracy, params=None, local=No
 
 
 def test_claims_name_the_stale_runs_they_rest_on(tmp_path):
-    from ftta_core.fedtsa.table1 import tta_grad_cells, tta_grad_cells_reading
+    from studies.fedtsa.table1 import tta_grad_cells, tta_grad_cells_reading
     from ftta_core.runstore import code_record_of
 
     changed = {"modules": {"ftta_core.rng": "a digest no code has"}}
@@ -88,7 +88,7 @@ def test_claims_table_without_runs_says_so(tmp_path):
 
 
 def test_cell_contrasts_change_one_factor_and_pair_seeds(tmp_path):
-    from ftta_core.fidelity import cell_contrasts, contrasts_reading
+    from studies.fidelity import cell_contrasts, contrasts_reading
 
     for seed in (0, 1, 2):
         for cell, local, fedavg in (("grad", 70.0, 70.0), ("grad-running", 72.0, 65.0 - 0.1 * seed),
@@ -107,7 +107,7 @@ def test_cell_contrasts_change_one_factor_and_pair_seeds(tmp_path):
 
 
 def test_setting_contrasts_pair_niid_with_iid_per_cell(tmp_path):
-    from ftta_core.fidelity import contrasts_reading, setting_contrasts
+    from studies.fidelity import contrasts_reading, setting_contrasts
 
     for seed in (0, 1, 2):
         for setting, local, fedavg in (("niid", 73.0, 65.0), ("iid", 73.0, 72.5 + 0.1 * seed)):
@@ -123,7 +123,7 @@ def test_setting_contrasts_pair_niid_with_iid_per_cell(tmp_path):
 
 
 def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path):
-    from ftta_core.fidelity import claim_grids, fedctta_claims
+    from studies.fidelity import claim_grids, fedctta_claims
 
     for tta, setting, lr, variants in claim_grids():
         for i, variant in enumerate(variants.values()):
@@ -147,7 +147,7 @@ def test_claim_grids_plan_every_run_the_fedctta_and_fedavgm_claims_read(tmp_path
 def test_tta_grad_claims_read_every_table1_strategy_at_the_drift_step_and_fedtsa_against_the_best(tmp_path):
     """At ``DRIFT_STEP`` every Table 1 strategy gets its "above Local" claim, read from runs at that step only;
     "FedTSA best" pairs FedTSA with the best other strategy at the seeds where every other one has a run."""
-    from ftta_core.fidelity import DRIFT_STEP, TABLE1_STRATEGIES, tta_grad_claims
+    from studies.fidelity import DRIFT_STEP, TABLE1_STRATEGIES, tta_grad_claims
 
     cell, lr = DRIFT_STEP
     for seed in (0, 1):
@@ -171,7 +171,7 @@ def test_tta_grad_claims_read_every_table1_strategy_at_the_drift_step_and_fedtsa
     fedtsa = 67.0 + 0.1 * TABLE1_STRATEGIES.index("fedtsa")
     assert best["seeds"] == 1 and best["ours"] == pytest.approx(fedtsa - rival)
     assert best["paper"] == pytest.approx(57.32 - 55.88)  # FedTSA - FedAMP, the paper's best other in NIID
-    from ftta_core.fidelity import strategy_gains, strategy_gains_reading
+    from studies.fidelity import strategy_gains, strategy_gains_reading
 
     gains = strategy_gains(tmp_path, settings=("niid",)).set_index("method")
     assert gains.loc["FedAMP", "ours"] == pytest.approx(amp["ours"]) and list(gains.index) == [
@@ -186,7 +186,7 @@ def test_tta_grad_claims_read_every_table1_strategy_at_the_drift_step_and_fedtsa
 
 
 def test_difference_by_step_pairs_two_strategies_within_each_cell_and_step(tmp_path):
-    from ftta_core.fidelity import DRIFT_STEP, difference_by_step, difference_by_step_reading
+    from studies.fidelity import DRIFT_STEP, difference_by_step, difference_by_step_reading
 
     cell, lr = DRIFT_STEP
     for seed, (avg, ft) in enumerate([(70.0, 66.0), (71.0, 66.0), (72.0, 65.0)]):
@@ -211,7 +211,7 @@ def test_difference_by_step_pairs_two_strategies_within_each_cell_and_step(tmp_p
 
 
 def test_proximal_anchor_table_pairs_each_anchor_with_fedavg_and_names_the_nearer(tmp_path):
-    from ftta_core.fidelity import DRIFT_STEP, proximal_anchor_reading, proximal_anchor_table
+    from studies.fidelity import DRIFT_STEP, proximal_anchor_reading, proximal_anchor_table
 
     cell, lr = DRIFT_STEP
     for seed, (avg, prox, source) in enumerate([(70.0, 70.0, 68.0), (72.0, 72.0, 69.0), (71.0, 71.0, 68.5)]):
@@ -234,7 +234,7 @@ def test_proximal_anchor_table_pairs_each_anchor_with_fedavg_and_names_the_neare
 
 
 def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired_by_seed(tmp_path):
-    from ftta_core.fidelity import statistics_contrasts
+    from studies.fidelity import statistics_contrasts
 
     for seed, (local, fedavg, kept) in enumerate([(60.0, 52.0, 61.0), (62.0, 55.0, 62.5)]):
         _store(tmp_path, "grad-running-adam", "niid", "local", seed, local)
@@ -249,7 +249,7 @@ def test_statistics_contrast_is_fedavg_with_local_statistics_minus_fedavg_paired
 
 
 def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_reads_w_shares(tmp_path):
-    from ftta_core.fidelity import fedctta_probe_contrast, probe_contrast_reading
+    from studies.fidelity import fedctta_probe_contrast, probe_contrast_reading
     from ftta_core.runstore import read_summary
 
     for seed in (0, 1):
@@ -297,8 +297,8 @@ def test_fedctta_probe_contrast_pairs_each_probe_normalisation_with_fedavg_and_r
 
 
 def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
-    """Runs made with ``fedtsa-table --lr`` form their own row; they never enter the cell's default-step row."""
-    from ftta_core.fedtsa.table1 import degraded_local_reading, tta_grad_cells, tta_grad_cells_reading
+    """Runs made with ``study fedtsa table --lr`` form their own row; they never enter the cell's default-step row."""
+    from studies.fedtsa.table1 import degraded_local_reading, tta_grad_cells, tta_grad_cells_reading
 
     def store(strategy, accuracy, lr=None, tta="grad-running-adam", local=None):
         cfg = dataclasses.replace(table1_config("cifar10", "iid", tta, lr=lr), strategy=strategy, seed=0)
@@ -346,7 +346,7 @@ def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
         table1_config("cifar10", "iid", "bn", lr=1e-3)
     import matplotlib
     matplotlib.use("Agg")
-    from ftta_core.fedtsa.table1 import step_size_figure
+    from studies.fedtsa.table1 import step_size_figure
     cells = tta_grad_cells(results_dir=tmp_path, cells=["grad-running-adam"], lrs=[None, 1e-3], settings=["iid"],
                            seeds=[0])  # seed 0 alone, as first stored
     ax = step_size_figure(cells).axes[0]
@@ -361,7 +361,7 @@ def test_tta_grad_cells_read_a_step_size_apart_from_the_cell_default(tmp_path):
 
 
 def test_over_local_pairs_a_reading_with_the_cells_local_runs_by_seed(tmp_path):
-    from ftta_core.fidelity import DRIFT_STEP, over_local_reading, over_local_table
+    from studies.fidelity import DRIFT_STEP, over_local_reading, over_local_table
 
     cell, lr = DRIFT_STEP
     for seed, acc in enumerate([60.0, 62.0]):
@@ -382,7 +382,7 @@ def test_over_local_pairs_a_reading_with_the_cells_local_runs_by_seed(tmp_path):
 def test_over_local_claims_join_the_claims_table_and_count_stale_readings(tmp_path):
     """A reading against Local becomes a claims-table row of its own (the notebooks' ``extra``), whose stale count
     comes from the reading's ``code`` status at the paired seeds."""
-    from ftta_core.fidelity import DRIFT_STEP, over_local_claims
+    from studies.fidelity import DRIFT_STEP, over_local_claims
 
     cell, lr = DRIFT_STEP
     for seed, acc in enumerate([60.0, 62.0, 61.0]):
@@ -399,8 +399,8 @@ def test_over_local_claims_join_the_claims_table_and_count_stale_readings(tmp_pa
 
 def test_ft_reference_claims_read_the_column_ft_forward_writes(tmp_path):
     """The notebooks' FedAvg+FT reference-reading rows read ``ft_forward_table``'s column by name."""
-    from ftta_core.fedtsa.ft_forward import ft_forward_table
-    from ftta_core.fidelity import DRIFT_STEP, FT_REFERENCE_READING, ft_reference_claims
+    from studies.fedtsa.ft_forward import ft_forward_table
+    from studies.fidelity import DRIFT_STEP, FT_REFERENCE_READING, ft_reference_claims
 
     assert FT_REFERENCE_READING in ft_forward_table(tmp_path, tmp_path).columns
     _store(tmp_path, DRIFT_STEP[0], "niid", "local", 0, 50.0, lr=DRIFT_STEP[1])
@@ -417,7 +417,7 @@ def test_tta_grad_cells_command_names_the_step_size_once_in_markdown_and_keeps_i
 
     _store(tmp_path, "grad-running-adam", "iid", "local", 0, 60.0, lr=3e-4)
     _store(tmp_path, "grad-running-adam", "iid", "fedavg", 0, 66.0, lr=3e-4)
-    assert main(["tta-grad-cells", "--results", str(tmp_path), "--settings", "iid", "--cells", "grad-running-adam",
+    assert main(["study", "fedtsa", "grad-cells", "--results", str(tmp_path), "--settings", "iid", "--cells", "grad-running-adam",
                  "--lrs", "3e-4", "--table", str(tmp_path / "cells")]) == 0
     header = (tmp_path / "cells.md").read_text().splitlines()[2]
     assert "| optimizer |" in header and "| lr |" not in header

@@ -9,7 +9,7 @@ import torch
 from ftta_core.loop import Engine
 from ftta_core.experiment import ExperimentConfig, build_stream, local_params, run_experiment, strategy_params
 from ftta_core.fedacross import ClientSpec, ModelSpec, build_model, merge_adapters, run_client
-from ftta_core.fedacross.study import ClientFeatures, support_indices
+from studies.fedacross.study import ClientFeatures, support_indices
 from ftta_core.flower import run_engine_on_flower, run_fedacross_on_flower
 from ftta_core.rng import derive_seed, torch_generator
 from ftta_core.strategies import build_strategy

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 
 from ftta_core.experiment import ExperimentConfig
-from ftta_core.leaderboard import leaderboard_table, local_settings, run_leaderboard
+from studies.leaderboard import leaderboard_table, local_settings, run_leaderboard
 
 
 def test_leaderboard_table_mean_std_and_ci():
@@ -40,7 +40,7 @@ def test_a_partial_leaderboard_reads_and_draws(tmp_path, monkeypatch):
     import matplotlib
 
     matplotlib.use("Agg")
-    from ftta_core.leaderboard import leaderboard_heatmap
+    from studies.leaderboard import leaderboard_heatmap
 
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))
     base = ExperimentConfig(dataset="embedded_digits", scenario="heterogeneity", clients=4, batch_size=10,
@@ -78,7 +78,7 @@ def test_leaderboard_reads_runs_stored_by_another_grid_without_writing_there(tmp
 
 
 def test_gains_over_local_are_paired_by_seed_and_read_out():
-    from ftta_core.leaderboard import gains_over_local, leaderboard_reading
+    from studies.leaderboard import gains_over_local, leaderboard_reading
 
     rows = []
     for seed, shift in enumerate([0.0, 5.0, -5.0]):  # the seed moves every strategy alike: pairing removes it
@@ -103,7 +103,7 @@ def test_gains_over_local_are_paired_by_seed_and_read_out():
 
 
 def test_gains_over_local_with_two_seeds_are_undetermined_and_within_the_margin_is_equal():
-    from ftta_core.leaderboard import gains_over_local, leaderboard_reading
+    from studies.leaderboard import gains_over_local, leaderboard_reading
 
     rows = [{"local": "bn", "strategy": s, "seed": seed, "accuracy": acc}
             for seed in range(3) for s, acc in (("local", 60.0 + seed), ("fedavg", 60.0 + seed + (0.0, 0.2, 0.1)[seed]),

@@ -34,7 +34,7 @@ def test_collected_uploads_have_one_row_per_client_and_step(tmp_path, monkeypatc
 
 
 def test_leakage_reading_orders_uploads_and_names_small_uploads_that_reveal_more():
-    from ftta_core.leakage import leakage_reading
+    from studies.readings import leakage_reading
 
     table = pd.DataFrame({"upload": ["bn_stats", "probe_logits", "feature_mean"], "bytes (float32)": [10752, 40, 1024],
                           "guess accuracy (%)": [94.9, 55.7, 30.1], "chance (%)": [8.3] * 3}).set_index("upload")

@@ -95,3 +95,23 @@ def test_source_model_line_reads_the_card():
     assert line.startswith("Source model: `resnet8_cifar10_e1_n10000` (resnet8, 1 epoch on cifar10 on 10,000 training")
     assert "clean 46.63%" in line and "37.56% on the 15 corruptions" in line
     assert "no card" in source_model_line("not_a_model")
+
+
+def test_a_cards_published_reference_is_the_papers_number_and_survives_retraining(tmp_path):
+    """The library holds no paper number: the model card carries the one it is compared with (FedTSA's No-Adapt),
+    which must equal the paper table the studies read, and a retrained model's card keeps it."""
+    import json
+
+    from ftta_core.training import CHECKPOINT_DIR, SOURCE_MODELS, load_source_model, render_cards, save_checkpoint
+    from studies.paper import paper_table
+
+    card = json.loads((CHECKPOINT_DIR / "resnet8_cifar10.json").read_text())
+    t1 = paper_table("fedtsa_table1")
+    no_adapt = t1[(t1.dataset == "cifar10") & (t1.method == "No-Adapt")]["mean"]
+    assert card["reference"]["corrupted_mean_accuracy_severity5"] == pytest.approx(float(no_adapt.mean()))
+    spec = SOURCE_MODELS["resnet8_cifar10"]
+    model = load_source_model("resnet8_cifar10")
+    save_checkpoint(model, spec, card, tmp_path)
+    save_checkpoint(model, spec, {k: v for k, v in card.items() if k != "reference"}, tmp_path)  # retrained
+    assert json.loads((tmp_path / "resnet8_cifar10.json").read_text())["reference"] == card["reference"]
+    assert f"{card['reference']['source']}: 35.19%" in render_cards(tmp_path)

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from ftta_core import runstore
-from ftta_core.fedicon.report import beside_paper
+from studies.fedicon.report import beside_paper
 from ftta_core.runstore import STALE_RUN_WARNING, read_summary, scan_table, store_summary, without_integrity
 from ftta_core.tables import blank_missing
 

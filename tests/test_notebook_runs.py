@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
 FIGURES = REPO / "figures"
 COMMITTED = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
-# content-addressed stores of finished runs, filled concurrently by `run-plan` / `fedtsa-table` jobs: not compared
+# content-addressed stores of finished runs, filled concurrently by `run-plan` / `study fedtsa table` jobs: not compared
 RUN_STORES = {"runs", "runs_small", "cache"}
 
 

@@ -190,7 +190,7 @@ def test_every_command_that_builds_runs_takes_plugin_and_exports_it(plugin_file,
     from ftta_core.cli import PLUGIN_COMMANDS, build_parser
 
     commands = build_parser()._subparsers._group_actions[0].choices
-    assert {"run", "run-plan", "fedtsa-table", "notebooks", "case-study", "centralized-tta"} <= set(PLUGIN_COMMANDS)
+    assert {"run", "run-plan", "notebooks", "study"} <= set(PLUGIN_COMMANDS)
     for name in PLUGIN_COMMANDS:
         assert "--plugin" in commands[name]._option_string_actions, name
     monkeypatch.chdir(plugin_file.parent)

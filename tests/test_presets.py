@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from ftta_core.experiment import ExperimentConfig, identity_of
-from ftta_core.paper import TTA_SETTINGS
-from ftta_core.fedtsa.table1 import table1_config
+from studies.paper import TTA_SETTINGS
+from studies.fedtsa.table1 import table1_config
 from ftta_core.workbook import config_key, stored_path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ def test_fedtsa_table1_preset_is_the_table1_config(setting, tta):
     rel = f"fedtsa/table1_{setting}_{tta}.yaml"
     base = table1_config("cifar10", setting, tta)
     assert config_key(preset(rel)) == config_key(dataclasses.replace(base, strategy="fedtsa", seed=0))
-    # --strategy / --seed give the other cells, as `fedtsa-table` stores them (run_grid, run_strategy_grid)
+    # --strategy / --seed give the other cells, as `study fedtsa table` stores them (run_grid, run_strategy_grid)
     for strategy, seed in (("local", 0), ("fedavg", 3), ("fedctta", 4)):
         want = dataclasses.replace(base, strategy=strategy, strategy_params={}, seed=seed)
         assert config_key(preset(rel, strategy=strategy, seed=seed)) == config_key(want)
@@ -121,7 +121,7 @@ class Captured(Exception):
 
 
 def test_fedtsa_table_command_builds_the_presets_config(monkeypatch, tmp_path):
-    """`fedtsa-table` (which stores the Table 1 runs) builds table1_config, so the presets name its runs."""
+    """`study fedtsa table` (which stores the Table 1 runs) builds table1_config, so the presets name its runs."""
     import ftta_core.workbook as workbook
     from ftta_core import cli
 
@@ -133,7 +133,7 @@ def test_fedtsa_table_command_builds_the_presets_config(monkeypatch, tmp_path):
     for tta in TTA_SETTINGS:
         for setting in ("niid", "iid"):
             with pytest.raises(Captured) as got:
-                cli.main(["fedtsa-table", "--tta", tta, "--strategies", "fedtsa", "--seeds", "0", "--settings",
+                cli.main(["study", "fedtsa", "table", "--tta", tta, "--strategies", "fedtsa", "--seeds", "0", "--settings",
                           setting, "--results", str(tmp_path / "r"), "--table", str(tmp_path / "t")])
             base = got.value.args[0]
             assert config_key(dataclasses.replace(base, strategy="fedtsa", seed=0)) == \
@@ -151,9 +151,9 @@ def test_case_study_presets_are_the_case_study_command(monkeypatch, tmp_path, or
 
     monkeypatch.setattr(workbook, "run_stored", capture)
     with pytest.raises(Captured) as got:
-        cli.main(["case-study", "--orders", orders, "--out", str(tmp_path)])
+        cli.main(["study", "fedtsa", "case-study", "--orders", orders, "--out", str(tmp_path)])
     cfg = preset(rel)
-    # `case-study` keeps each strategy's run under OUT/<strategy>/ with base's config and that strategy
+    # `study fedtsa case-study` keeps each strategy's run under OUT/<strategy>/ with base's config and that strategy
     assert cfg.identity() == dataclasses.replace(got.value.args[0], strategy=cfg.strategy).identity()
 
 
@@ -171,7 +171,7 @@ def test_heterogeneity_presets_give_every_point_of_the_sweeps(rel, strategy):
 
 
 def test_pfedbbn_presets_are_the_table1_grid():
-    from ftta_core.pfedbbn import imbalance
+    from studies.pfedbbn import imbalance
 
     base = imbalance.pfedbbn_config()
     variants = imbalance.table1_variants(base)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ftta_core import results_summary
-from ftta_core.results_summary import BEGIN, END, README, generate, replace_block
+from studies import results_summary
+from studies.results_summary import BEGIN, END, README, generate, replace_block
 
 
 def test_readme_results_block_equals_what_the_stored_runs_give_today():
     """Regenerates the block (claims recount, source model, step-size rule) and fails on any difference: run
-    ``python -m ftta_core.results_summary`` after adding runs or changing a reading."""
+    ``python -m studies.results_summary`` after adding runs or changing a reading."""
     text = README.read_text(encoding="utf-8")
     assert replace_block(text, generate()) == text, "README.md's results block is out of date"
 

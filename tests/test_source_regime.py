@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ftta_core.fedtsa.source_regime import (PAPER_LABEL, paper_profile, regime_reading, regime_summary,
+from studies.fedtsa.source_regime import (PAPER_LABEL, paper_profile, regime_reading, regime_summary,
                                             regime_table)
 
 
@@ -60,7 +60,7 @@ def test_three_models_say_whether_weaker_is_nearer(tmp_path):
 def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
     import pandas as pd
 
-    from ftta_core.fedtsa.source_regime import conclusions_by_model, conclusions_reading
+    from studies.fedtsa.source_regime import conclusions_by_model, conclusions_reading
 
     def grid(values):
         return pd.DataFrame([{"tta": "bn", "setting": "niid", "strategy": s, "seed": seed, "accuracy": acc,
@@ -98,9 +98,9 @@ def test_conclusions_by_model_pairs_seeds_and_flags_a_changed_sign():
 def test_adaptation_profiles_read_no_adaptation_and_local_from_any_tta_bn_run(tmp_path):
     import dataclasses
 
-    from ftta_core.fedtsa.source_regime import (PAPER_ADAPT_LABEL, adaptation_profiles, adaptation_reading,
+    from studies.fedtsa.source_regime import (PAPER_ADAPT_LABEL, adaptation_profiles, adaptation_reading,
                                                 adaptation_summary, paper_profile)
-    from ftta_core.fedtsa.table1 import table1_config
+    from studies.fedtsa.table1 import table1_config
     from ftta_core.runstore import store_summary
     from ftta_core.workbook import config_key
 
@@ -137,7 +137,7 @@ def test_adaptation_profiles_read_no_adaptation_and_local_from_any_tta_bn_run(tm
 
 
 def test_a_gradient_cell_carries_local_minus_tta_bn_local_and_never_takes_a_mixed_run_for_local():
-    from ftta_core.fedtsa.source_regime import LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading
+    from studies.fedtsa.source_regime import LOCAL_VS_BN, PAPER_T1_LABEL, conclusions_by_model, conclusions_reading
 
     def runs(model_local_bn, local_grad, fedavg_grad, fedavg_local):
         rows = [{"tta": "bn", "setting": "niid", "strategy": "fedavg", "seed": 0, "accuracy": 0.0,
@@ -166,9 +166,9 @@ def test_a_gradient_cell_carries_local_minus_tta_bn_local_and_never_takes_a_mixe
 
 
 def test_a_cell_at_another_step_size_is_its_own_column_compared_with_the_papers_tta_grad(tmp_path):
-    from ftta_core.fedtsa.source_regime import (PAPER_T1_LABEL, cell_of, conclusions_by_model, step_label,
+    from studies.fedtsa.source_regime import (PAPER_T1_LABEL, cell_of, conclusions_by_model, step_label,
                                                  stored_by_step)
-    from ftta_core.fedtsa.table1 import table1_config
+    from studies.fedtsa.table1 import table1_config
     from ftta_core.runstore import store_summary
     from ftta_core.workbook import config_key
 

@@ -139,7 +139,7 @@ def test_identical_only_when_equal_at_every_seed():
 
 
 # the former rule's verdicts, computed with ``fidelity.verdict`` as committed before the statistics rule replaced
-# it (git show adb0f12:ftta_core/fidelity.py): (ours, paper, factor, verdict)
+# it (git show adb0f12:studies/fidelity.py): (ours, paper, factor, verdict)
 FORMER = [(2.0, 2.3, 3.0, "holds"), (0.3, 0.1, 3.0, "holds"), (5.0, 2.0, 3.0, "holds"),
           (7.0, 2.0, 3.0, "direction only"), (0.2, 2.0, 3.0, "does not hold"), (-1.0, 2.0, 3.0, "does not hold"),
           (-0.6, 0.2, 3.0, "does not hold"), (0.7, 0.0, 3.0, "does not hold"), (float("nan"), 1.0, 3.0, "no run"),

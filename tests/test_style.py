@@ -182,11 +182,11 @@ def test_leaderboard_heatmap_leaves_out_rows_never_run_on_one_unclipped_scale_wi
 
 
 def test_leaderboard_wrapper_names_rows_and_the_seeds_of_its_grid():
-    from ftta_core.leaderboard import leaderboard_heatmap
+    from studies.leaderboard import leaderboard_heatmap
 
     grid = pd.DataFrame([{"local": lo, "strategy": st, "seed": s, "accuracy": 60.0 + s}
                          for lo in ("bn", "tent") for st in ("local", "fedavg") for s in (0, 1)])
-    from ftta_core.leaderboard import leaderboard_table
+    from studies.leaderboard import leaderboard_table
 
     ax = leaderboard_heatmap(leaderboard_table(grid), rows=["bn", "tent", "cotta"], grid=grid)
     assert [t.get_text() for t in ax.get_yticklabels()] == ["BN-adapt (TTA-bn)", "Tent (TTA-grad)"]
@@ -283,7 +283,7 @@ def test_sweep_figure_shares_one_y_scale_and_states_single_seeds():
 
 
 def test_participation_figure_distinct_colours_readable_names_and_seeds():
-    from ftta_core.leaderboard import participation_figure
+    from studies.leaderboard import participation_figure
 
     rates = pd.DataFrame([{"variant": v, "seed": 0, "participation": p, "accuracy": 60 + k + p}
                           for k, v in enumerate(["local", "fedavg", "fedavgm", "fedamp", "pfedgraph", "fedtsa",
@@ -310,7 +310,7 @@ def _cells():
 
 
 def test_step_size_figure_names_the_seeds_of_every_point_and_its_source_models():
-    from ftta_core.fedtsa.table1 import step_size_figure
+    from studies.fedtsa.table1 import step_size_figure
 
     fig = step_size_figure(_cells())
     ax = fig.axes[0]
@@ -324,7 +324,7 @@ def test_step_size_figure_names_the_seeds_of_every_point_and_its_source_models()
 
 
 def test_grad_drift_figure_keeps_an_outlier_off_scale_with_the_margin_and_the_seeds():
-    from ftta_core.fedtsa.table1 import grad_drift_figure
+    from studies.fedtsa.table1 import grad_drift_figure
 
     gains = pd.DataFrame([{"setting": st, "method": m, "paper": 5.0, "ours": g, "low": g - 1, "high": g + 1,
                            "seeds": 3} for st in ("niid", "iid")
@@ -340,7 +340,7 @@ def test_grad_drift_figure_keeps_an_outlier_off_scale_with_the_margin_and_the_se
 
 
 def test_conclusions_figure_two_panels_readable_model_names_seeds_per_point():
-    from ftta_core.fedtsa.source_regime import PAPER_T1_LABEL, conclusions_figure
+    from studies.fedtsa.source_regime import PAPER_T1_LABEL, conclusions_figure
 
     rows = []
     for setting in ("niid", "iid"):
@@ -361,14 +361,17 @@ def test_conclusions_figure_two_panels_readable_model_names_seeds_per_point():
 
 
 def test_temperature_curve_key_in_words_with_seeds():
-    from ftta_core.pfedbbn.temperature import SCALE_LABELS, curve_figure, setting_name
+    from ftta_core.variants import with_factors
+    from studies.pfedbbn.temperature import (SCALE_LABELS, curve_figure, reference_variants, setting_name,
+                                             temperature_variants)
 
     rows = [(t, sc, (0, 1, 2) if t == 1 else (0,)) for t in (1.0, 2.0) for sc in ("none", "row_median")]
     grid = pd.DataFrame([{"alpha": 0.1, "variant": setting_name(t, sc), "seed": s, "accuracy": 60 + t + s,
                           "self": 0.5, "same domain": 0.3, "uniform same-domain": 0.2} for t, sc, seeds in rows
                          for s in seeds])
     grid = pd.concat([grid, pd.DataFrame([{"alpha": 0.1, "variant": "BBN alone", "seed": s, "accuracy": 61.0}
-                                          for s in (0, 1, 2)])])
+                                          for s in (0, 1, 2)])], ignore_index=True)
+    grid = with_factors(grid, {**temperature_variants([1.0, 2.0]), **reference_variants()})  # T, scale: the factors
     fig = curve_figure(grid)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert SCALE_LABELS["none"] in labels and SCALE_LABELS["row_median"] in labels
@@ -379,7 +382,7 @@ def test_temperature_curve_key_in_words_with_seeds():
 
 
 def test_fedacross_caption_says_whether_adapted_curves_are_above_or_below_no_adaptation():
-    from ftta_core.fedacross.study import accuracy_vs_k_figure, against_g_caption
+    from studies.fedacross.study import accuracy_vs_k_figure, against_g_caption
 
     def per_seed(shift):
         return pd.DataFrame([{"k": k, "selection": sel, "seed": s, "accuracy": 40 + (shift if k else 0) + 0.1 * s}

@@ -4,10 +4,13 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from ftta_core.pfedbbn.temperature import (HELD_OUT_SEED, choice_check, choice_check_reading, choice_reading,
-                                           checked_claims, flipped_choices, curve, pfedbbn_claims, select_setting,
-                                           source_gains, source_gains_reading,
+from ftta_core.variants import Variant, with_factors
+from studies.pfedbbn.temperature import (HELD_OUT_SEED, choice_check, choice_check_reading, choice_reading,
+                                           checked_claims, flipped_choices, curve, pfedbbn_claims, reference_variants,
+                                           select_setting, settings_of, source_gains, source_gains_reading,
                                            setting_name, temperature_variants)
+
+VARIANTS = {**temperature_variants(), **reference_variants()}  # the study's grid: its settings' T and scale
 
 
 def test_the_default_setting_is_stored_as_the_default():
@@ -15,22 +18,36 @@ def test_the_default_setting_is_stored_as_the_default():
     assert v[setting_name(1.0, "none")]["strategy_params"] == {}  # the Table 1 grid's pFedBBN run, found by hash
     assert v[setting_name(4.0, "row_median")]["strategy_params"] == {"temperature": 4.0, "scale": "row_median"}
     assert v[setting_name(1.0, "row_median")]["strategy_params"] == {"scale": "row_median"}
+    assert dict(v[setting_name(1.0, "none")]) == {"strategy": "pfedbbn", "strategy_params": {}}
+    assert v[setting_name(1.0, "none")].factors == {"T": 1.0, "scale": "none"}  # the defaults too, as factors
+    assert settings_of({**v, **reference_variants()}) == list(v)  # the references have no T
 
 
-def _held_out(values):
-    return pd.DataFrame([{"alpha": a, "variant": setting_name(t, "none"), "seed": HELD_OUT_SEED, "accuracy": acc,
+def _rows(values, scale="none"):
+    """Held-out rows (alpha, T, same-domain share, accuracy) of the settings at ``scale``, without their factors."""
+    return pd.DataFrame([{"alpha": a, "variant": setting_name(t, scale), "seed": HELD_OUT_SEED, "accuracy": acc,
                           "self": 1 - s, "same domain": s, "other domains": 0.0, "uniform same-domain": 0.2}
                          for a, t, s, acc in values])
 
 
+def _grid(rows, variants=VARIANTS):
+    """``rows`` as ``temperature_grid`` has them: each variant's factors ("T", "scale") as columns."""
+    return with_factors(pd.DataFrame(rows).reset_index(drop=True), variants)
+
+
+def _held_out(values):
+    return _grid(_rows(values))
+
+
 def test_rule_takes_the_largest_same_domain_share_and_never_reads_accuracy():
-    held = _held_out([(0.1, 1, 0.10, 99.0), (0.1, 4, 0.40, 10.0), (0.1, 8, 0.40, 50.0), (0.01, 2, 0.3, 70.0)])
-    chosen = select_setting(pd.concat([held, held.assign(variant="BBN alone", **{"same domain": 0.9})]))
+    raw = _rows([(0.1, 1, 0.10, 99.0), (0.1, 4, 0.40, 10.0), (0.1, 8, 0.40, 50.0), (0.01, 2, 0.3, 70.0)])
+    chosen = select_setting(_grid(pd.concat([raw, raw.assign(variant="BBN alone", **{"same domain": 0.9})])))
     assert chosen.set_index("alpha")["variant"].to_dict() == {0.1: setting_name(4, "none"),  # tie -> smaller T
                                                               0.01: setting_name(2, "none")}
     by = chosen.set_index("alpha")
     assert by.loc[0.1, "runner-up"] == setting_name(8, "none") and by.loc[0.1, "margin"] == 0.0
     assert pd.isna(by.loc[0.01, "runner-up"]) and pd.isna(by.loc[0.01, "margin"])  # one setting: no runner-up
+    assert (by.loc[0.1, "T"], by.loc[0.1, "runner-up T"]) == (4.0, 8.0)  # carried from the rows, for the tie-break
     assert choice_reading(chosen).splitlines()[1] == (
         "- alpha 0.1: T=4, scale=none (same-domain share 0.400, uniform 0.200, self-weight 0.600; runner-up "
         "T=8, scale=none by 0.000).")
@@ -80,7 +97,8 @@ def test_claims_pair_seeds_and_read_the_papers_table():
     assert "(chosen by the held-out rule)" in bbn["settled by"] and bbn["settled by"].endswith("seeds [0, 1, 2]")
     other = pfedbbn_claims(pd.DataFrame(rows), pd.DataFrame([{"alpha": 0.1, "variant": name}]), how="the runner-up")
     assert all("(the runner-up)" in c["settled by"] for c in other)
-    chosen = pd.DataFrame([{"alpha": 0.1, "variant": name, "runner-up": setting_name(8, "none")}])
+    chosen = select_setting(_held_out([(0.1, 4, 0.5, 0.0), (0.1, 8, 0.4, 0.0)]))  # runner-up: T=8
+    assert chosen["runner-up"].tolist() == [setting_name(8, "none")]
     assert pd.DataFrame(checked_claims(pd.DataFrame(rows), chosen, pd.DataFrame())).equals(pd.DataFrame(claims))
     flipped = pd.DataFrame([{"alpha": 0.1, "same choice": False}])
     both = checked_claims(pd.DataFrame(rows), chosen, flipped)
@@ -111,24 +129,55 @@ def test_rule_makes_no_choice_until_every_setting_has_its_held_out_run():
     assert claims and not [c for c in claims if c["claim"].endswith("alpha 0.1")]  # no choice at alpha 0.1: no claim
 
 
-def test_stored_claims_read_each_alpha_whose_held_out_runs_are_complete(tmp_path):
-    """The claims of an alpha are read as soon as its ten held-out runs are stored, whatever the other alpha lacks."""
-    import dataclasses
-
-    from ftta_core.pfedbbn.imbalance import pfedbbn_config
-    from ftta_core.pfedbbn.temperature import (HELD_OUT_STEPS, bbn_base, reference_variants, stored_claims)
+def _store(folder, base, alpha, variant, seed, accuracy, same, max_steps=None):
+    """A stored summary of ``variant`` (a ``Variant``: its overrides) on the study's protocol at ``alpha``."""
     from ftta_core.runstore import store_summary
     from ftta_core.workbook import config_key
+    from studies.pfedbbn.temperature import bbn_base
+
+    cfg = variant.config(bbn_base(base, alpha, max_steps), seed=seed)
+    store_summary(folder / f"{config_key(cfg)}.json",
+                  {"accuracy": accuracy, "config": cfg.to_dict(),
+                   "weight_shares": {"self": 0.3, "same domain": same, "other domains": 0.7 - same,
+                                     "uniform same-domain": 0.16}})
+
+
+def test_a_settings_t_and_scale_come_from_its_factors_not_its_name(tmp_path):
+    """A grid's T and scale are its variants' factors: a name that says nothing (or says otherwise) changes nothing."""
+    from studies.pfedbbn.imbalance import pfedbbn_config
+    from studies.pfedbbn.temperature import temperature_grid
+
+    base = pfedbbn_config(dataset="cifar10")
+    favourite = temperature_variants([4.0], ["row_median"])[setting_name(4.0, "row_median")]
+    variants = {"my favourite": favourite, "T=1, scale=none": Variant(favourite.overrides, {"T": 8.0, "scale": "x"}),
+                **reference_variants()}
+    for name in ("my favourite", "BBN alone"):
+        _store(tmp_path, base, 0.1, variants[name], 0, 60.0, 0.3)
+    grid = temperature_grid(base, [0], [0.1], variants, tmp_path, only_cached=True, also_read=())
+    by = grid.set_index("variant")
+    assert by.loc["my favourite", "T"] == 4.0 and by.loc["my favourite", "scale"] == "row_median"
+    assert by.loc["T=1, scale=none", "T"] == 8.0  # the same stored run, read under a name that lies: its factors win
+    assert pd.isna(by.loc["BBN alone", "T"]) and by.loc["BBN alone", "same domain"] == 0.3
+    assert list(grid.columns[:4]) == ["alpha", "variant", "T", "scale"]
+    # the rule's tie-break reads the factor: "zeta" (T = 2) beats the name "T=1, scale=none" (T = 8) at equal shares
+    named = {"T=1, scale=none": Variant({}, {"T": 8.0, "scale": "none"}),  # first: row order does not decide
+             "zeta": Variant({}, {"T": 2.0, "scale": "none"})}
+    held = _grid([{"alpha": 0.1, "variant": v, "seed": HELD_OUT_SEED, "same domain": 0.3, "uniform same-domain": 0.2,
+                   "self": 0.5} for v in named], named)
+    chosen = select_setting(held, list(named)).iloc[0]
+    assert (chosen["variant"], chosen["runner-up"], chosen["runner-up T"]) == ("zeta", "T=1, scale=none", 8.0)
+
+
+def test_stored_claims_read_each_alpha_whose_held_out_runs_are_complete(tmp_path):
+    """The claims of an alpha are read as soon as its ten held-out runs are stored, whatever the other alpha lacks."""
+    from studies.pfedbbn.imbalance import pfedbbn_config
+    from studies.pfedbbn.temperature import HELD_OUT_STEPS, stored_claims
 
     base = pfedbbn_config(dataset="cifar10")
     study, grid = tmp_path / "temperature", tmp_path / "grid"
 
     def store(folder, alpha, variant, seed, accuracy, same, max_steps=None):
-        cfg = dataclasses.replace(bbn_base(base, alpha, max_steps), **variant, seed=seed)
-        store_summary(folder / f"{config_key(cfg)}.json",
-                      {"accuracy": accuracy, "config": cfg.to_dict(),
-                       "weight_shares": {"self": 0.3, "same domain": same, "other domains": 0.7 - same,
-                                         "uniform same-domain": 0.16}})
+        _store(folder, base, alpha, variant, seed, accuracy, same, max_steps)
 
     variants = temperature_variants()
     for k, (name, variant) in enumerate(variants.items()):
@@ -167,7 +216,7 @@ def test_source_gains_split_the_margin_between_pfedbbn_and_its_reference():
 
 
 def test_pooled_rule_averages_the_held_out_alphas_and_waits_for_every_run():
-    from ftta_core.pfedbbn.temperature import pooled_shares
+    from studies.pfedbbn.temperature import pooled_shares
 
     settings = [setting_name(t, "none") for t in (1, 2, 4)]
     held = _held_out([(0.1, 1, 0.31, 0.0), (0.1, 2, 0.30, 0.0), (0.1, 4, 0.2, 0.0),
@@ -183,7 +232,7 @@ def test_pooled_rule_averages_the_held_out_alphas_and_waits_for_every_run():
 
 
 def test_whole_grid_claims_read_every_column_against_the_best_other_cell():
-    from ftta_core.pfedbbn.temperature import whole_grid_claims
+    from studies.pfedbbn.temperature import whole_grid_claims
 
     name = setting_name(2, "none")
     reported, grid = [], []
@@ -210,11 +259,11 @@ def test_curve_figure_also_reads_the_curve_on_the_seeds_every_t_has():
     """T = 1 at seeds 0-1 and T = 2 at seed 0 only: besides the means, a line over seed 0 alone."""
     import matplotlib
     matplotlib.use("Agg")
-    from ftta_core.pfedbbn.temperature import curve_figure
+    from studies.pfedbbn.temperature import curve_figure
 
     rows = [(1, 0, 60.0), (1, 1, 70.0), (2, 0, 62.0)]
-    grid = pd.DataFrame([{"alpha": 0.1, "variant": setting_name(t, "none"), "seed": s, "accuracy": a, "self": 0.5,
-                          "same domain": 0.3, "uniform same-domain": 0.2} for t, s, a in rows])
+    grid = _grid([{"alpha": 0.1, "variant": setting_name(t, "none"), "seed": s, "accuracy": a, "self": 0.5,
+                   "same domain": 0.3, "uniform same-domain": 0.2} for t, s, a in rows])
     top = curve_figure(grid).axes[0]
     common = [line for line in top.get_lines() if line.get_marker() == "x"]
     assert len(common) == 1 and list(common[0].get_ydata()) == [60.0, 62.0]

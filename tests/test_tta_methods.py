@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ftta_core.centralized import beside_reference, centralized_config, per_corruption_beside, run_centralized
+from studies.centralized import beside_reference, centralized_config, per_corruption_beside, run_centralized
 from ftta_core.engine.bank import OptimizerSpec, make_bank
 from ftta_core.loop import Engine
 from ftta_core.rng import torch_generator
@@ -381,7 +381,7 @@ def test_centralized_cli_writes_table_with_command(tmp_path, one_thread):
     from ftta_core.cli import main
 
     stem = tmp_path / "c"
-    rc = main(["centralized-tta", "--methods", "source", "bn", "--dataset", "embedded_digits", "--images", "10",
+    rc = main(["study", "centralized", "table", "--methods", "source", "bn", "--dataset", "embedded_digits", "--images", "10",
                "--batch-size", "10", "--corruptions", "fog", "--device", "cpu", "--table", str(stem)])
     assert rc == 0
     md = stem.with_suffix(".md").read_text().splitlines()
@@ -390,7 +390,7 @@ def test_centralized_cli_writes_table_with_command(tmp_path, one_thread):
 
 
 def test_ordering_reading_names_the_methods_that_move():
-    from ftta_core.centralized import ordering_reading
+    from studies.centralized import ordering_reading
 
     beside = pd.DataFrame({"method": ["source", "bn", "tent", "cotta"], "ours_error": [36.0, 30.0, 25.0, 28.0],
                            "reference_error": [43.5, 20.4, 20.0, 16.5]})

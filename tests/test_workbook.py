@@ -7,7 +7,7 @@ import pytest
 
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.scenarios import CASE_STUDY_GROUPS
-from ftta_core.fedtsa.case_study import case_study_table
+from studies.fedtsa.case_study import case_study_table
 from ftta_core.workbook import (group_weight_shares, heterogeneity_sweep, markdown_table, over_seeds, run_grid,
                                 StoredRun, strategy_comparison)
 
@@ -169,7 +169,7 @@ def test_run_grid_reads_runs_stored_in_also_read_folders_and_never_writes_there(
 
 
 def test_sweep_reading_counts_wins_margins_and_gaps():
-    from ftta_core.workbook import sweep_reading
+    from studies.readings import sweep_reading
 
     rows = [("fedtsa", 0.05, 70.0), ("fedavg", 0.05, 72.0), ("fedtsa", 0.2, 71.0), ("fedavg", 0.2, 69.5),
             ("fedtsa", 0.5, 68.0), ("fedavg", 0.5, 66.0), ("fedtsa", 0.75, 66.0)]
@@ -203,7 +203,7 @@ def test_same_domain_weight_reads_only_the_chosen_steps_with_their_domains():
 
 
 def test_per_domain_table_seeds_column_counts_distinct_seeds_as_integers():
-    from ftta_core.paper import beside_per_corruption
+    from studies.paper import beside_per_corruption
     from ftta_core.workbook import per_domain_table
 
     def summary(acc, src):
@@ -224,7 +224,8 @@ def test_per_domain_table_seeds_column_counts_distinct_seeds_as_integers():
 
 
 def test_ordering_per_seed_values_and_common_seeds():
-    from ftta_core.workbook import common_seeds, ordering_phrase, per_domain_table, per_seed_values
+    from ftta_core.workbook import common_seeds, per_domain_table, per_seed_values
+    from studies.readings import ordering_phrase
 
     assert ordering_phrase({"a": 1.0, "b": 3.0, "c": float("nan")}) == "b 3.00 > a 1.00"
     table = per_seed_values({("x", 0): {"accuracy": 1.0}, ("x", 1): {"accuracy": 2.0}, ("y", 1): {"accuracy": 5.0}})
@@ -246,7 +247,7 @@ def test_ordering_per_seed_values_and_common_seeds():
 
 def test_case_study_reading_orders_methods_and_reads_the_slot_from_its_tables():
     from ftta_core.scenarios import CASE_STUDY_ALL
-    from ftta_core.fedtsa.case_study import case_study_reading
+    from studies.fedtsa.case_study import case_study_reading
 
     table = pd.DataFrame({"mean": [70.0, 72.0, 71.0]},
                          index=pd.MultiIndex.from_tuples([(CASE_STUDY_ALL, "fedavg"), (CASE_STUDY_ALL, "fedtsa"),

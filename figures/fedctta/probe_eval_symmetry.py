@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from ftta_core.experiment import run_experiment
-from ftta_core.fedtsa.table1 import table1_config
+from studies.fedtsa.table1 import table1_config
 
 torch.set_num_threads(1)
 base = dataclasses.replace(table1_config("cifar10", "niid", "bn"), seed=0)

@@ -134,7 +134,7 @@ def load_fedacross(name: str, directory: Path = CHECKPOINT_DIR) -> FedAcrossNet:
     path = directory / f"{name}.pt"
     if not path.exists():
         raise FileNotFoundError(f"FedAcross+ checkpoint {path} is missing; make it with "
-                                f"`python -m ftta_core fedacross pretrain --name {name}`")
+                                f"`python -m ftta_core study fedacross pretrain --name {name}`")
     blob = torch.load(path, map_location="cpu", weights_only=True)
     model = FedAcrossNet(ModelSpec(**blob["spec"]))
     model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in blob["state_dict"].items()})
@@ -145,7 +145,7 @@ def untrained_fedacross(name: str, seed: int = 0, directory: Path = CHECKPOINT_D
     """Checkpoint ``name``'s architecture (read from its committed card) with a seeded random initialisation.
 
     The weights file (about 23 MB in float16) is not committed; smoke runs use this instead, full runs need
-    ``python -m ftta_core fedacross pretrain``.
+    ``python -m ftta_core study fedacross pretrain``.
     """
     path = directory / f"{name}.json"
     if not path.exists():

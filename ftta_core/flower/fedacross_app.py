@@ -18,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from ..fedacross.client import ClientSpec, accuracy, merge_adapters, predict, run_client
 from ..fedacross.model import FedAcrossNet, adapter_state, load_adapter
-from ..fedacross.study import ClientFeatures, support_indices
+from ..fedacross.features import ClientFeatures, support_indices
 from .grid import run_inprocess
 from .records import from_record, record_bytes, to_record
 

@@ -1,4 +1,4 @@
-"""FedCTTA's tables (Rajib et al.) beside ours: Table I from the runs stored by ``fedtsa-table`` (the FedTSA
+"""FedCTTA's tables (Rajib et al.) beside ours: Table I from the runs stored by ``study fedtsa table`` (the FedTSA
 protocol), Table III from the case study with FedCTTA's orders, Table IV (probes x statistic x distance)."""
 from __future__ import annotations
 
@@ -6,17 +6,17 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import pandas as pd
 
-from ..fedtsa.case_study import case_study_table
-from ..fedtsa.table1 import beside_fedtsa_table1
-from ..paper import METHOD_LABELS, paper_lookup, paper_table
-from ..scenarios import CASE_STUDY_ALL
+from studies.fedtsa.case_study import case_study_table
+from studies.fedtsa.table1 import beside_fedtsa_table1
+from studies.paper import METHOD_LABELS, paper_lookup, paper_table
+from ftta_core.scenarios import CASE_STUDY_ALL
 
 if TYPE_CHECKING:
-    from ..workbook import StoredRun
+    from ftta_core.workbook import StoredRun
 
 
 def beside_fedctta_table3(runs: Mapping[str, "StoredRun"]) -> pd.DataFrame:
-    """Our case study with FedCTTA's orders (``case-study --orders fedctta``) beside its Table III: accuracy (%) of
+    """Our case study with FedCTTA's orders (``study fedtsa case-study --orders fedctta``) beside its Table III: accuracy (%) of
     all ten clients per slot (rows: method and source, ours / paper) and the mean over the slots both have, with each
     method's gain over No-Adapt (the paper's source model is weaker than ours, so gains compare better)."""
     paper = paper_table("fedctta_table3")

@@ -2,7 +2,8 @@
 (probe data x statistic x distance) and Fig. 5 (aggregation interval, batch size).
 
 ``run_live`` is ``run_experiment`` for a strategy *object* (e.g. FedCTTA with a tensor of clean probe images, which
-a config cannot hold); ``live_grid`` runs named variants over seeds and builds each stream once per config.
+a config cannot hold); ``live_grid`` runs named variants over seeds, builds each stream once per config and gives each
+variant's typed parameters (its ``factors``) as columns: the names are display labels only, never parsed.
 """
 from __future__ import annotations
 
@@ -14,19 +15,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..build import build_run
-from ..experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
-from ..rng import numpy_generator
-from ..stats import comparison_phrase
-from ..stream import Stream
-from ..strategies import build_strategy
-from ..strategies.base import Strategy
+from ftta_core.build import build_run
+from ftta_core.experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
+from ftta_core.rng import numpy_generator
+from ftta_core.stats import comparison_phrase
+from ftta_core.stream import Stream
+from ftta_core.strategies import build_strategy
+from ftta_core.strategies.base import Strategy
+from ftta_core.variants import with_factors
 
 if TYPE_CHECKING:
-    from ..loop import Engine, StepResult
-    from ..stream import StreamBatch
+    from ftta_core.loop import Engine, StepResult
+    from ftta_core.stream import StreamBatch
 
 # Table IV of the paper: (probe data, statistic, distance), as in data/paper_numbers/fedctta_table4.csv
+TABLE4_FACTORS = ["probes", "statistic", "distance"]
 TABLE4_CELLS = [(probes, "logits", d) for probes in ("random_noise", "clean_images")
                 for d in ("euclidean", "kl", "cross_entropy", "cosine")] + \
                [(probes, "features", d) for probes in ("random_noise", "clean_images") for d in ("euclidean", "cosine")]
@@ -34,16 +37,18 @@ TABLE4_CELLS = [(probes, "logits", d) for probes in ("random_noise", "clean_imag
 
 @dataclass
 class Variant:
-    """One live run's setup: a strategy (registry name + parameters, which may hold tensors) and config overrides."""
+    """One live run's setup: a strategy (registry name + parameters, which may hold tensors), config overrides and
+    the study's typed parameters of it (``factors``: what ``live_grid`` gives as columns; never read from a label)."""
 
     strategy: str
     params: Dict[str, Any] = field(default_factory=dict)
     config: Dict[str, Any] = field(default_factory=dict)
+    factors: Dict[str, Any] = field(default_factory=dict)
 
 
 def clean_probe_images(dataset: str, m: int = 64, seed: int = 0) -> torch.Tensor:
     """``m`` clean training images [M, C, H, W] in [0, 1], drawn without replacement (the paper's 'selected' set)."""
-    from ..data import load_dataset
+    from ftta_core.data import load_dataset
 
     base = load_dataset(dataset, "train")
     idx = numpy_generator(seed, "fedctta-clean-probes").choice(len(base), size=m, replace=False)
@@ -87,7 +92,7 @@ class FedCTTARound:
 def fedctta_round(engine: "Engine", batch: "StreamBatch") -> FedCTTARound:
     """Run one engine step with a FedCTTA strategy and return what its server computed, recomputed in the open
     from the clients' probe statistics (the engine's own W is kept beside it for comparison)."""
-    from ..strategies.fedctta import PROBE_UPLOAD, FedCTTA, similarity_matrix, similarity_weights
+    from ftta_core.strategies.fedctta import PROBE_UPLOAD, FedCTTA, similarity_matrix, similarity_weights
 
     strategy = engine.strategy
     if not isinstance(strategy, FedCTTA):
@@ -120,8 +125,8 @@ def _variant_key(cfg: ExperimentConfig, variant: Variant) -> tuple:
     """(config hash, parameters that differ from the strategy's defaults; tensors by identity)."""
     import inspect
 
-    from ..strategies import STRATEGIES
-    from ..workbook import config_key
+    from ftta_core.strategies import STRATEGIES
+    from ftta_core.workbook import config_key
 
     defaults = {k: p.default for k, p in inspect.signature(STRATEGIES[variant.strategy]).parameters.items()}
     params = tuple(sorted((k, ("tensor", id(v)) if isinstance(v, torch.Tensor) else v)
@@ -132,12 +137,13 @@ def _variant_key(cfg: ExperimentConfig, variant: Variant) -> tuple:
 
 def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Sequence[int],
               cache: Optional[Dict[tuple, dict]] = None) -> pd.DataFrame:
-    """Run every variant for every seed (streams built once per config and seed); one row per run: accuracies and
-    W's mean self-weight (diagonal over steps and clients).
+    """Run every variant for every seed (streams built once per config and seed); one row per run: accuracies,
+    W's mean self-weight (diagonal over steps and clients) and one column per factor of the variants (``with_factors``;
+    NaN where a variant lacks that factor).
 
     With ``cache`` (a dict kept by the caller) a run with the same config, strategy and parameters as one already
     in it is read back instead of run again (e.g. FedCTTA at its defaults in several grids)."""
-    from ..workbook import config_key
+    from ftta_core.workbook import config_key
 
     cache = {} if cache is None else cache
     streams: Dict[str, Stream] = {}
@@ -154,40 +160,46 @@ def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Se
                 cache[key] = {**{k: res.summary[k] for k in ("accuracy", "accuracy_local", "accuracy_source")},
                               "self weight": float(np.diagonal(res.collaboration, axis1=1, axis2=2).mean())}
             rows.append({"variant": name, "seed": seed, **cache[key]})
-    return pd.DataFrame(rows)
+    grid = pd.DataFrame(rows)
+    return with_factors(grid, variants) if rows else grid
 
 
 def table4_variants(probe_images: torch.Tensor, baselines: Sequence[str] = ("local", "fedavg")) -> Dict[str, Variant]:
-    """FedCTTA for every Table IV cell ('probes/statistic/distance'), plus baseline strategies by name."""
+    """FedCTTA for every Table IV cell (named 'probes/statistic/distance', with those factors), plus baseline
+    strategies by name (no factors)."""
     out = {}
-    for probes, statistic, distance in TABLE4_CELLS:
+    for cell in TABLE4_CELLS:
+        probes, statistic, distance = cell
         params: Dict[str, Any] = {"on": statistic, "distance": distance}
         if probes == "clean_images":
             params["probe_images"] = probe_images
-        out[f"{probes}/{statistic}/{distance}"] = Variant("fedctta", params)
+        out["/".join(cell)] = Variant("fedctta", params, factors=dict(zip(TABLE4_FACTORS, cell)))
     out.update({b: Variant(b) for b in baselines})
     return out
 
 
 def split_table4(grid: pd.DataFrame) -> pd.DataFrame:
-    """Mean and std over seeds per Table IV cell, as columns probes, statistic, distance, mean, std, seeds."""
-    cells = grid[grid.variant.str.count("/") == 2]
-    g = cells.groupby("variant", sort=False)["accuracy"]
+    """Mean and std over seeds per Table IV cell, as columns probes, statistic, distance, mean, std, seeds (cells in
+    the order first run). ``grid``: ``live_grid`` of ``table4_variants``, whose factor columns name each row's cell;
+    rows without a cell (the baselines) are left out."""
+    cells = grid.dropna(subset=TABLE4_FACTORS)
+    g = cells.groupby(TABLE4_FACTORS, sort=False)["accuracy"]
     out = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "seeds": g.size()}).reset_index()
-    out[["probes", "statistic", "distance"]] = out.pop("variant").str.split("/", expand=True)
-    return out[["probes", "statistic", "distance", "mean", "std", "seeds"]]
+    return out[[*TABLE4_FACTORS, "mean", "std", "seeds"]]
 
 
 def interval_variants(intervals: Sequence[int]) -> Dict[str, Variant]:
-    """FedCTTA aggregating every k-th step, for each k (Fig. 5a)."""
-    return {f"interval {k}": Variant("fedctta", {"interval": int(k)}) for k in intervals}
+    """FedCTTA aggregating every k-th step, for each k (Fig. 5a); factor ``interval``."""
+    return {f"interval {k}": Variant("fedctta", {"interval": int(k)}, factors={"interval": int(k)})
+            for k in intervals}
 
 
 def temperature_variants(temperatures: Sequence[float], prefix: str = "",
                          **params: Any) -> Dict[str, Variant]:
     """FedCTTA with W = softmax(-distance / temperature) for each temperature (the paper fixes 1), with further
-    FedCTTA ``params`` (e.g. ``probe_bn``, ``ema``); names ``"{prefix}temperature {t}"``."""
-    return {f"{prefix}temperature {t:g}": Variant("fedctta", {**params, "temperature": float(t)})
+    FedCTTA ``params`` (e.g. ``probe_bn``, ``ema``); names ``"{prefix}temperature {t}"``, factor ``temperature``."""
+    return {f"{prefix}temperature {t:g}": Variant("fedctta", {**params, "temperature": float(t)},
+                                                  factors={"temperature": float(t)})
             for t in temperatures}
 
 
@@ -202,14 +214,12 @@ REFERENCE_PROBES = "eval mode, per-client probes, EMA 0.9"  # rajibrhasan/FedCTT
 def probe_temperature_grid(base: ExperimentConfig, temperatures: Sequence[float], seeds: Sequence[int],
                            cache: Optional[Dict[tuple, dict]] = None,
                            settings: Mapping[str, Mapping[str, Any]] = PROBE_SETTINGS) -> pd.DataFrame:
-    """FedCTTA at every (probe setting, temperature) (``live_grid``): columns ``setting`` and ``temperature`` added,
-    with W's mean self-weight."""
-    variants = {}
-    for name, params in settings.items():
-        variants.update(temperature_variants(temperatures, f"{name} / ", **params))
-    grid = live_grid(base, variants, seeds, cache=cache)
-    parts = grid.variant.str.rsplit(" / temperature ", n=1)
-    return grid.assign(setting=parts.str[0], temperature=parts.str[1].astype(float))
+    """FedCTTA at every (probe setting, temperature) (``live_grid``): factor columns ``setting`` (a name of
+    ``settings``) and ``temperature``, with W's mean self-weight."""
+    variants = {name: dataclasses.replace(v, factors={"setting": setting, **v.factors})
+                for setting, params in settings.items()
+                for name, v in temperature_variants(temperatures, f"{setting} / ", **params).items()}
+    return live_grid(base, variants, seeds, cache=cache)
 
 
 def probe_temperature_reading(grid: pd.DataFrame, refs: Mapping[str, float], n_clients: int) -> str:
@@ -257,8 +267,10 @@ def distance_contrast(distances: np.ndarray, groups: Mapping[str, Sequence[int]]
 def batch_size_variants(batch_sizes: Sequence[int], images_per_slot: int,
                         strategies: Sequence[str] = ("local", "fedavg", "fedctta")) -> Dict[str, Variant]:
     """Each strategy at each batch size (Fig. 5b); a slot keeps ``images_per_slot`` images per client, so larger
-    batches mean fewer steps per distribution (the paper's reading of its batch-size curve)."""
-    return {f"{s} / batch {b}": Variant(s, config={"batch_size": int(b), "slot_steps": max(1, images_per_slot // b)})
+    batches mean fewer steps per distribution (the paper's reading of its batch-size curve); factors ``strategy`` and
+    ``batch``."""
+    return {f"{s} / batch {b}": Variant(s, config={"batch_size": int(b), "slot_steps": max(1, images_per_slot // b)},
+                                        factors={"strategy": s, "batch": int(b)})
             for b in batch_sizes for s in strategies}
 
 
@@ -313,7 +325,7 @@ def reading(walk: Mapping[str, float], shares: pd.DataFrame, contrast: Mapping[s
             (", as the row softmax implies." if same_kl_ce else ".")
     cosine = table4[table4.distance == "cosine"]
     if len(cosine):
-        from ..paper import paper_table
+        from studies.paper import paper_table
 
         p1 = paper_table("fedctta_table1").set_index(["method", "dataset", "setting", "tta"])["mean"]
         p_avg, p_loc = p1[("FedAvg", "cifar10", "niid", "grad")], p1[("Local", "cifar10", "niid", "grad")]
@@ -401,7 +413,7 @@ def case_study_order(table3: pd.DataFrame) -> str:
 def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
     """Fig. 2's claims checked on the sweeps: each strategy's change from the lowest to the highest SH (TH), which
     drops most, and at how many points FedCTTA is the best of the strategies stored there."""
-    from ..paper import METHOD_LABELS
+    from studies.paper import METHOD_LABELS
 
     label = lambda s: METHOD_LABELS.get(s, s)  # noqa: E731
     parts = []
@@ -428,6 +440,6 @@ def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
     return "**Fig. 2 (robustness, CIFAR-10-C).** " + "; ".join(parts) + "."
 
 
-__all__ = ["TABLE4_CELLS", "Variant", "FedCTTARound", "fedctta_round", "cluster_groups", "clean_probe_images", "run_live", "build_variant", "live_grid",
+__all__ = ["TABLE4_CELLS", "TABLE4_FACTORS", "Variant", "FedCTTARound", "fedctta_round", "cluster_groups", "clean_probe_images", "run_live", "build_variant", "live_grid",
            "table4_variants", "split_table4", "interval_variants", "batch_size_variants", "temperature_variants", "distance_contrast", "reading",
            "heterogeneity_reading"]

@@ -13,9 +13,9 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from .experiment import (ALL_CORRUPTIONS, DATASET_DEFAULTS, ExperimentConfig, build_stream, resolve_device,
+from ftta_core.experiment import (ALL_CORRUPTIONS, DATASET_DEFAULTS, ExperimentConfig, build_stream, resolve_device,
                          run_experiment)
-from .paper import paper_table
+from studies.paper import paper_table
 
 REFERENCE_TABLE = "tta_benchmark_cifar10c"
 BENCHMARK_METHODS = ("source", "bn", "tent", "eata", "cotta", "rotta", "roid")
@@ -32,8 +32,8 @@ def method_params(method: str, model_name: str, seed: int,
                   overrides: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Dict[str, Any]:
     """A method's parameters for the centralized protocol: reference settings, the run's seed and source model
     where the method takes them, then ``overrides[method]``."""
-    from .registry import accepts
-    from .tta import LOCAL_METHODS
+    from ftta_core.registry import accepts
+    from ftta_core.tta import LOCAL_METHODS
 
     params: Dict[str, Any] = dict(REFERENCE_PARAMS.get(method, {}))
     if accepts(LOCAL_METHODS, method, "fisher_source"):

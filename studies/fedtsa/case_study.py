@@ -1,14 +1,15 @@
 """The case study of FedTSA Table 4 / Figs 5-6 (10 clients in three groups that walk the corruptions at different
 times; FedCTTA's Table III runs it with its own orders): accuracy per group and slot, which domain each group sees,
-and the reading computed from them (``python -m ftta_core case-study``, notebook 12)."""
+and the reading computed from them (``python -m ftta_core study fedtsa case-study``, notebook 12)."""
 from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
-from ..scenarios import CASE_STUDY_ALL, CASE_STUDY_GROUPS
-from ..workbook import StoredRun, ordering_phrase
+from ftta_core.scenarios import CASE_STUDY_ALL, CASE_STUDY_GROUPS
+from ftta_core.workbook import StoredRun
+from studies.readings import ordering_phrase
 
 
 def case_study_table(runs: Mapping[str, StoredRun]) -> pd.DataFrame:

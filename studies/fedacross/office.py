@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..rng import numpy_generator
-from .client import ClientSpec, backbone_features
-from .model import FedAcrossNet
-from .pretrain import PretrainSpec, pretrain_server
-from .study import ClientFeatures, evaluate_client
-from .sampling import balanced_select
+from ftta_core.fedacross.client import ClientSpec, backbone_features
+from ftta_core.fedacross.features import ClientFeatures
+from ftta_core.fedacross.model import FedAcrossNet
+from ftta_core.fedacross.pretrain import PretrainSpec, pretrain_server
+from ftta_core.fedacross.sampling import balanced_select
+from ftta_core.rng import numpy_generator
+from studies.fedacross.study import evaluate_client
 
 SHORT = {"amazon": "A", "webcam": "W", "dslr": "D", "caltech10": "C"}
 
@@ -22,7 +23,7 @@ def office_server(initial: FedAcrossNet, source: str, spec: PretrainSpec, size: 
                   ) -> FedAcrossNet:
     """Pre-train on Office-Caltech-10 domain ``source``: backbone from ``initial`` (our CIFAR-10 ResNet-18 stands in
     for the paper's ImageNet weights), fresh A and g (10 classes), then eq. (2) with ``spec``."""
-    from ..data import load_dataset
+    from ftta_core.data import load_dataset
 
     data = load_dataset(f"office_caltech10/{source}", "all", size=size)
     model = copy.deepcopy(initial)
@@ -38,7 +39,7 @@ def office_rows(server: FedAcrossNet, source: str, targets: Sequence[str], ks: S
                 size: int = 32, seed: int = 0) -> pd.DataFrame:
     """Per target domain and k: accuracy on the target images outside the k-shot support set (NaN if some class
     has fewer than k + 1 images); k = 0 is the server classifier g on the whole domain."""
-    from ..data import load_dataset
+    from ftta_core.data import load_dataset
 
     rows = []
     for target in targets:

@@ -13,12 +13,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .fedtsa import step_rule
-from .fedtsa.table1 import GRAD_CELLS, stored_table1_runs
-from .paper import METHOD_LABELS, TTA_SETTINGS, paper_table
-from .plan import REPO_DIR
-from .stats import MARGIN, Estimate
+from ftta_core import stats
+from studies.fedtsa import step_rule
+from studies.fedtsa.table1 import GRAD_CELLS, stored_table1_runs
+from studies.paper import METHOD_LABELS, TTA_SETTINGS, paper_table
+from ftta_core.plan import REPO_DIR
+from ftta_core.stats import MARGIN, Estimate
 
 RESULTS_DIR = REPO_DIR / "figures" / "fedtsa_table1" / "runs"  # in the repository, whatever the working folder
 SEEDS = (0, 1, 2, 3, 4)
@@ -55,7 +55,7 @@ def accuracies(results_dir: Path | str, tta: str, setting: str, variant: Variant
                column: str = "accuracy", dataset: str = "cifar10", lr: Optional[float] = None) -> pd.Series:
     """``column`` of the stored Table 1 runs of one strategy variant in one column (tta, setting), by seed; the
     seeds whose run was made by code that has changed since are in ``.attrs["stale"]``. ``lr``: a TTA-grad cell's
-    runs at this step size instead of its own (``fedtsa-table --lr``)."""
+    runs at this step size instead of its own (``study fedtsa table --lr``)."""
     strategy, params = variant
     grid = stored_table1_runs(results_dir, [strategy], list(seeds), dataset, (tta,), (setting,), params, lr=lr)
     out = grid.set_index("seed")[column] if len(grid) else pd.Series(dtype=float)
@@ -513,8 +513,8 @@ def fedctta_probe_contrast(results_dir: Path | str = RESULTS_DIR, settings: Sequ
     (``FEDCTTA_GRAD_CELLS`` for the TTA-grad cells and step sizes) against the strategy ``against``, paired by seed: the accuracy
     difference and W's mean shares (self, same domain, and the same-domain share uniform mixing gives) read from the
     stored runs; one row per (setting, probe normalisation). ``lr``: the TTA-grad cell at this step size (runs made
-    with ``fedtsa-table --lr``) instead of its own."""
-    from .fedtsa.table1 import stored_table1_runs
+    with ``study fedtsa table --lr``) instead of its own."""
+    from studies.fedtsa.table1 import stored_table1_runs
 
     rows = []
     for setting in settings:

@@ -1,4 +1,4 @@
-"""FedTSA Table 1 (Zhang et al.): the protocol's configs (``table1_config``, the runs ``fedtsa-table`` stores), the
+"""FedTSA Table 1 (Zhang et al.): the protocol's configs (``table1_config``, the runs ``study fedtsa table`` stores), the
 stored runs read back per column, our numbers beside the paper's with its claims checked, and the TTA-grad 2x2
 (BatchNorm on batch vs running statistics x SGD vs Adam). FedCTTA's Table I is the same protocol
 (``fedctta.tables``)."""
@@ -9,12 +9,12 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from .. import stats
-from ..experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig, identity_of
-from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
-from ..runstore import read_summary, run_status
-from ..tables import mean_std_text
-from ..workbook import SUMMARY_KEYS
+from ftta_core import stats
+from ftta_core.experiment import UNREAD_OUTSIDE_HETEROGENEITY, ExperimentConfig, identity_of
+from studies.paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
+from ftta_core.runstore import read_summary, run_status
+from ftta_core.tables import mean_std_text
+from ftta_core.workbook import SUMMARY_KEYS
 
 
 def beside_fedtsa_table1(grid: pd.DataFrame, dataset: str, tta: str, methods: Sequence[str]) -> pd.DataFrame:
@@ -113,7 +113,7 @@ TABLE1_SETTINGS = ("niid", "iid")
 def table1_config(dataset: str, setting: str, tta: str, device: str = "auto", model: Optional[str] = None,
                   backend: str = "vectorized", max_steps: Optional[int] = None,
                   lr: Optional[float] = None) -> ExperimentConfig:
-    """The base config of one Table I column, exactly as ``python -m ftta_core fedtsa-table`` builds it (so its
+    """The base config of one Table I column, exactly as ``python -m ftta_core study fedtsa table`` builds it (so its
     stored runs are found by config hash): 20 clients, batch 10, 500 images per client and corruption, severity 5;
     ``model``: the source model (None: the dataset's shipped one, ``training.SOURCE_MODELS``); ``lr``: the TTA-grad
     cell's step size instead of its own (the step-size axis of ``tta_grad_cells``; TTA-bn has none)."""
@@ -147,7 +147,7 @@ def stored_table1_runs(results_dir: Path | str, strategies: Sequence[str], seeds
                        strategy_params: Optional[Mapping[str, Any]] = None,
                        model: Optional[str] = None, extra_keys: Sequence[str] = (),
                        lr: Optional[float] = None) -> pd.DataFrame:
-    """The Table I runs already stored under ``results_dir`` by ``fedtsa-table`` (nothing runs): one row per run
+    """The Table I runs already stored under ``results_dir`` by ``study fedtsa table`` (nothing runs): one row per run
     with columns tta, setting, strategy, seed and the summary's numbers (accuracy, accuracy_local, ..., and the
     summary keys named in ``extra_keys``, e.g. ``accuracy_by_domain``).
     ``strategy_params``: the runs of the strategies with these parameters (e.g. ``{"probe_bn": "eval"}``, planned
@@ -213,7 +213,7 @@ def tta_grad_cells(dataset: str = "cifar10", results_dir: Path | str = "figures/
     seeds each difference is paired over (``... seed ids``). NaN where a run is missing. ``stale runs``:
     how many of the cell's runs were made by code that has changed since (``python -m ftta_core reproduce`` them).
     ``lrs``: the step sizes to read for each cell (None: the cell's own; others: runs planned with
-    ``fedtsa-table --tta CELL --lr X``); ``model``: the source model (None: the shipped one)."""
+    ``study fedtsa table --tta CELL --lr X``); ``model``: the source model (None: the shipped one)."""
     paper = paper_table("fedtsa_table1")
     paper = paper[paper.dataset == dataset].set_index(["method", "setting", "tta"])["mean"]
     bn_grid = stored_table1_runs(results_dir, list(strategies), list(seeds), dataset, ("bn",), settings, model=model)
@@ -363,7 +363,7 @@ def source_model_label(name: Optional[str], directory: Optional[Path] = None) ->
     checkpoint id itself where there is no card. "shipped" and None name the shipped model."""
     import json
 
-    from ..training import CHECKPOINT_DIR
+    from ftta_core.training import CHECKPOINT_DIR
 
     card_name = SHIPPED_MODEL if name in (None, "shipped") else str(name)
     path = Path(directory or CHECKPOINT_DIR) / f"{card_name}.json"
@@ -385,7 +385,7 @@ def step_size_figure(table: pd.DataFrame) -> "Any":
     from its card (``source_model_label``). One key below the panels. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from .. import style
+    from ftta_core import style
 
     rows = table[table.seeds > 0]
     settings = [s for s in TABLE1_SETTINGS if s in set(rows["setting"])]
@@ -446,7 +446,7 @@ def grad_drift_figure(gains: pd.DataFrame, runs: Optional[pd.DataFrame] = None, 
     figure."""
     import matplotlib.pyplot as plt
 
-    from .. import plots
+    from ftta_core import plots
 
     ran = gains.dropna(subset=["ours"])
     strategy_of = {v: k for k, v in METHOD_LABELS.items()}

@@ -11,7 +11,7 @@ spread) and the rank correlation of the two profiles; the reading says which of 
 Nothing here runs: train a model with ``python -m ftta_core train-source`` (its card carries the numbers).
 
 ``conclusions_by_model`` then asks which of our Table 1 conclusions change with the source model: the same protocol
-run on the shipped model and on one in the paper's regime (``fedtsa-table --model NAME``), each strategy's gain over
+run on the shipped model and on one in the paper's regime (``study fedtsa table --model NAME``), each strategy's gain over
 Local paired by seed, and whether its sign (beyond a tie) is the same on both models.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any, Dict, Optional, Sequence
 
 import pandas as pd
 
-from ..paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
-from .table1 import PAPER_T1_LABEL, source_model_label, step_text
+from studies.paper import METHOD_LABELS, TTA_SETTINGS, paper_table, paper_tta
+from studies.fedtsa.table1 import PAPER_T1_LABEL, source_model_label, step_text
 
 PAPER = "fedtsa_table2"
 PAPER_ROW = "No-Adapt"
@@ -111,7 +111,7 @@ def adaptation_profiles(results_dir: Path | str, models: Sequence[str], referenc
     from the stored TTA-bn runs: every such run carries both, before any mixing; mean over the seeds stored, one run
     per seed), beside the paper's No-Adapt and Local rows (FedTSA Table 2). Long form: model, quantity
     (``no adaptation`` / ``TTA-bn Local``), corruption, accuracy, seeds, stale (runs made by code changed since)."""
-    from .table1 import stored_table1_runs
+    from studies.fedtsa.table1 import stored_table1_runs
 
     rows = []
     for model in models:
@@ -211,7 +211,7 @@ def stored_by_step(results_dir: Path | str, strategies: Sequence[str], seeds: Se
                    steps: Sequence[tuple], model: Optional[str] = None) -> pd.DataFrame:
     """``table1.stored_table1_runs`` of one source model for several (cell, lr) pairs (lr None: the cell's own),
     their ``tta`` column set to ``step_label(cell, lr)``, so one cell at two step sizes stays two columns."""
-    from .table1 import stored_table1_runs
+    from studies.fedtsa.table1 import stored_table1_runs
     parts = [stored_table1_runs(results_dir, strategies, seeds, ttas=(cell,), model=model, lr=lr)
              .assign(tta=step_label(cell, lr)) for cell, lr in steps]
     parts = [p for p in parts if len(p)]
@@ -347,7 +347,7 @@ def conclusions_figure(table: pd.DataFrame, steps: Sequence[tuple]) -> "Any":
     crosses, the ±0.5 tie band shaded. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from .. import plots, stats, style
+    from ftta_core import plots, stats, style
 
     names = {step_label(cell, lr): step_name(cell, lr) for cell, lr in steps}
     shown = table[table.tta.isin(list(names))].copy()

@@ -5,10 +5,10 @@ from typing import Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from ..paper import paper_table
-from ..stats import CHANCE_FACTOR, chance_caveat, comparison_phrase, near_chance
-from ..tables import blank_missing
-from .study import ABLATION, METHODS, ablation_name
+from studies.paper import paper_table
+from ftta_core.stats import CHANCE_FACTOR, chance_caveat, comparison_phrase, near_chance
+from ftta_core.tables import blank_missing
+from ftta_core.fedicon.study import ABLATION, METHODS, ablation_name
 
 
 def paper_columns(table: str, columns: Sequence[str], methods: Sequence[str]) -> pd.DataFrame:
@@ -117,7 +117,7 @@ def digits_reading(rows: pd.DataFrame, epoch_rows: Optional[pd.DataFrame], paper
     itself without TTA (paired by seed); the order of FedICON, Tent and FedAvg beside the paper's Digit-5 means;
     and FedICON − FedAvg along the Fig 3 local-epoch sweep (``epoch_rows``: tidy rows with a column ``value`` = local
     epochs; ``budget_tested``: a larger-budget run exists, so the sweep's hint is not called untested)."""
-    from ..workbook import ordering_phrase
+    from studies.readings import ordering_phrase
 
     ps = seed_means(rows)
     if "FedICON" not in ps or "FedAvg" not in ps:

@@ -25,8 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pandas as pd
 
-from ..stats import MARGIN
-from .table1 import stored_table1_runs
+from ftta_core.stats import MARGIN
+from studies.fedtsa.table1 import stored_table1_runs
 
 CELL = "grad-running-adam"
 # the drift step, chosen after seeing seed 0's claims (post hoc): ``fidelity.DRIFT_STEP`` is (CELL, POST_HOC_STEP)
@@ -83,9 +83,9 @@ def selection_reading(table: pd.DataFrame) -> str:
 
 def _table_command(tta: str, strategies: Sequence[str], seeds: Sequence[int], setting: str,
                    lr: Optional[float] = None) -> List[str]:
-    """A ``fedtsa-table`` command line (as argv) over the stored Table 1 runs."""
+    """A ``study fedtsa table`` command line (as argv) over the stored Table 1 runs."""
     stem = f"runs/step_rule/{tta}{'' if lr is None else f'_{lr:g}'}_{setting}"
-    return (["fedtsa-table", "--tta", tta, "--strategies", *strategies, "--seeds", *map(str, seeds),
+    return (["study", "fedtsa", "table", "--tta", tta, "--strategies", *strategies, "--seeds", *map(str, seeds),
              "--settings", setting, "--results", "figures/fedtsa_table1/runs", "--table", stem]
             + ([] if lr is None else ["--lr", f"{lr:g}"]))
 
@@ -128,7 +128,7 @@ def _plan_and_run(commands: Sequence[Sequence[str]], plan: Path, workers: int) -
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m ftta_core.fedtsa.step_rule [--workers N]``: the selection runs, the rule, then the replication
+    """``python -m studies.fedtsa.step_rule [--workers N]``: the selection runs, the rule, then the replication
     runs at the step it picks (each stage resumable; rerun to continue)."""
     import argparse
 

@@ -1,4 +1,4 @@
-"""FedCTTA's Figs. 3-4 read off the case study's stored W (``case-study --orders fedctta``): does W cluster the
+"""FedCTTA's Figs. 3-4 read off the case study's stored W (``study fedtsa case-study --orders fedctta``): does W cluster the
 clients that see the same distribution (Fig. 3c), and does client 1 turn to clients 8-10 in the slot where they see
 its corruption (Fig. 4, "at the 8th distribution shift")?
 
@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from ..scenarios import CASE_STUDY_GROUPS
+from ftta_core.scenarios import CASE_STUDY_GROUPS
 
 if TYPE_CHECKING:
-    from ..workbook import StoredRun
+    from ftta_core.workbook import StoredRun
 
 TIE = 0.01  # shares of W closer than this (absolute) are read as equal
 MEET_SLOT = 7  # clients 8-10 walk the corruptions in reverse: they meet clients 1-4 on the middle one (slot 8 of 15)
@@ -27,7 +27,7 @@ def cluster_table(runs: Mapping[str, "StoredRun"]) -> pd.DataFrame:
     seeing its corruption at that step (each beside uniform mixing's share), and client 1's weight on clients 8-10
     in the slot where they see its corruption and in the other slots (uniform: 0.3), and that slot's rank among
     all slots by this weight (1: the highest)."""
-    from ..workbook import same_domain_weight, summary_config
+    from ftta_core.workbook import same_domain_weight, summary_config
 
     rows = {}
     for name, run in runs.items():

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from . import stats
-from .experiment import ExperimentConfig
-from .paper import METHOD_LABELS
-from .workbook import strategy_comparison
+from ftta_core import stats
+from ftta_core.experiment import ExperimentConfig
+from studies.paper import METHOD_LABELS
+from ftta_core.workbook import strategy_comparison
 
 # the settings each local method runs with on the leaderboard (its reference defaults otherwise); TTA-grad with
 # Tent is the FedTSA/FedCTTA papers' setting (all parameters, SGD 1e-4)
@@ -141,16 +141,17 @@ def cell_seeds(grid: pd.DataFrame) -> Dict[Any, tuple]:
 
 
 def leaderboard_heatmap(table: pd.DataFrame, ax: Any = None, title: str = "", rows: Sequence[str] = (),
-                        columns: Sequence[str] = (), grid: Optional[pd.DataFrame] = None) -> Any:
+                        columns: Sequence[str] = (), grid: Optional[pd.DataFrame] = None,
+                        limits: Optional[Tuple[float, float]] = None) -> Any:
     """Heatmap of mean accuracy (rows: local methods, columns: strategies, readable names), each cell annotated
     'mean ± ci95' and its seed count; rows and columns named but never run are left out and named under it, on
     one unclipped colour scale. ``grid`` (the ``run_leaderboard`` rows of ``table``): the seeds behind every count
     are named too. Drawn by ``plots.leaderboard_heatmap``."""
-    from .plots import leaderboard_heatmap as draw
+    from ftta_core.plots import leaderboard_heatmap as draw
 
     return draw(table, ax=ax, title=title, rows=rows, columns=columns,
                 seed_ids=cell_seeds(grid) if grid is not None and len(grid) else None,
-                row_labels=LOCAL_LABELS, column_labels=STRATEGY_LABELS)
+                row_labels=LOCAL_LABELS, column_labels=STRATEGY_LABELS, limits=limits)
 
 
 def participation_figure(rates: pd.DataFrame, ax: Any = None, title: str = "") -> Any:
@@ -160,7 +161,7 @@ def participation_figure(rates: pd.DataFrame, ax: Any = None, title: str = "") -
     Returns the axes."""
     import matplotlib.pyplot as plt
 
-    from . import style
+    from ftta_core import style
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.6), layout="constrained")

@@ -25,7 +25,7 @@ never from this study's outcomes):
   period of ``RESET_GRID`` with the highest Local accuracy there (``reset_selection``); no strategy's run enters.
 
 The paper's own TTA-grad cell (``CHECK_CELL``: SGD 1e-4, batch BN) is run at one seed (``CHECK_SEED``) as a check
-that the answer is not an artefact of the drift cell. ``python -m ftta_core.anchored`` plans every missing run
+that the answer is not an artefact of the drift cell. ``python -m studies.anchored`` plans every missing run
 (``FTTA_PLAN``) and runs the plan (resumable: stored runs are skipped, each run is stored as it finishes).
 """
 from __future__ import annotations
@@ -37,11 +37,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .. import stats
-from ..experiment import ExperimentConfig
-from ..fedtsa.step_rule import CELL, HELD_OUT_SEED, POST_HOC_STEP
-from ..fedtsa.table1 import table1_config
-from ..workbook import strategy_comparison
+from ftta_core import stats
+from ftta_core.experiment import ExperimentConfig
+from studies.fedtsa.step_rule import CELL, HELD_OUT_SEED, POST_HOC_STEP
+from studies.fedtsa.table1 import table1_config
+from ftta_core.workbook import strategy_comparison
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS_DIR = REPO / "figures" / "anchored" / "runs"
@@ -182,7 +182,7 @@ def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.
 def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
     """The answer in sentences computed from ``gains`` and ``best`` (no sentence is printed without its rows)."""
     if gains.empty:
-        return "No run of the anchored-client study is stored yet (python -m ftta_core.anchored runs them)."
+        return "No run of the anchored-client study is stored yet (python -m studies.anchored runs them)."
     lines = []
     same = gains[gains.versus == "Local, same client"]
     for setting, here in same.groupby("setting", sort=False):
@@ -203,8 +203,8 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
 def gains_figure(gains: pd.DataFrame) -> Any:
     """Each strategy's gain over Local with the same client, one colour per client, NIID and IID panels on one
     y-scale, 95 % interval bars over paired seeds, the ±``stats.MARGIN`` band shaded."""
-    from .. import plots
-    from ..paper import METHOD_LABELS
+    from ftta_core import plots
+    from studies.paper import METHOD_LABELS
 
     shown = gains[gains.versus == "Local, same client"].assign(
         ci95=lambda d: (d["high"] - d["low"]) / 2, method=lambda d: d.strategy.map(METHOD_LABELS).fillna(d.strategy),
@@ -215,6 +215,43 @@ def gains_figure(gains: pd.DataFrame) -> Any:
     axes[0].figure.suptitle("What each strategy adds over Local when both use the same client, drift cell "
                             f"(running BN, Adam {DRIFT_STEP:g})")
     return axes[0].figure
+
+
+def board(runs: pd.DataFrame, setting: str, cell: str = CELL) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """The anchored clients on the leaderboard: ``studies.leaderboard``'s table (mean, std, seeds, 95 % half-width
+    per client x strategy, best first) of one setting of ``cell``, and the runs behind it (``local`` = the client),
+    for ``leaderboard.leaderboard_heatmap``."""
+    here = runs[(runs.cell == cell) & (runs.setting == setting)] if len(runs) else runs
+    grid = here.rename(columns={"client": "local"})[["local", "strategy", "seed", "accuracy"]] if len(here) else \
+        pd.DataFrame(columns=["local", "strategy", "seed", "accuracy"])
+    from studies.leaderboard import leaderboard_table
+
+    return leaderboard_table(grid), grid
+
+
+def board_figure(runs: pd.DataFrame) -> Any:
+    """One leaderboard heatmap per setting (NIID above IID) of the drift cell: rows the clients, columns the
+    strategies, each cell 'mean ± 95 % half-width' with its seeds; both panels on one colour scale (``plots``)."""
+    import matplotlib.pyplot as plt
+
+    from studies.leaderboard import leaderboard_heatmap
+
+    from ftta_core import style
+
+    boards = {setting: board(runs, setting) for setting in SETTINGS}
+    limits = style.shared_limits([table["mean"].values for table, _ in boards.values()])
+    fig, axes = plt.subplots(len(SETTINGS), 1, figsize=(9.0, len(SETTINGS) * (0.6 * len(CLIENTS) + 3.2)),
+                             squeeze=False)
+    for ax, (setting, (table, grid)) in zip(axes[:, 0], boards.items()):
+        title = f"{setting.upper()}, drift cell (running BN, Adam {DRIFT_STEP:g})"
+        if table.empty:
+            ax.set_axis_off()
+            ax.set_title(title)
+            ax.text(0.5, 0.5, "no stored run yet", ha="center", va="center", transform=ax.transAxes)
+            continue
+        leaderboard_heatmap(table, ax=ax, title=title, rows=list(CLIENTS), columns=list(STRATEGIES), grid=grid,
+                            limits=limits)
+    return fig
 
 
 def plan_and_run(workers: int, plan: Path) -> int:
@@ -240,7 +277,7 @@ def plan_and_run(workers: int, plan: Path) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m ftta_core.anchored [--workers N]``: plan and run the study's missing runs (resumable)."""
+    """``python -m studies.anchored [--workers N]``: plan and run the study's missing runs (resumable)."""
     import argparse
 
     p = argparse.ArgumentParser(description=main.__doc__)
@@ -251,5 +288,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 __all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "client_config", "reset_selection",
-           "chosen_reset", "study_runs", "gains_table", "best_table", "cost_table", "reading", "gains_figure",
+           "chosen_reset", "study_runs", "gains_table", "best_table", "cost_table", "reading", "gains_figure", "board",
+           "board_figure",
            "plan_and_run", "main"]

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..rng import torch_generator
-from ..strategies.base import ServerInputs, Strategy
-from ..strategies.fedctta import PROBE_UPLOAD, FedCTTA
+from ftta_core.rng import torch_generator
+from ftta_core.strategies.base import ServerInputs, Strategy
+from ftta_core.strategies.fedctta import PROBE_UPLOAD, FedCTTA
 
 Shapes = Dict[str, Tuple[int, ...]]
 
@@ -220,8 +220,8 @@ def probe_forward_cost(model: nn.Module, n_clients: int, image_shape: Tuple[int,
                        backend: str = "vectorized") -> Dict[str, float]:
     """Seconds (median of ``repeats``) to compute every client's FedCTTA probe statistic with TTA-bn on a real
     client bank of ``model`` (after one batch-statistics pass on a synthetic batch), and the peak allocation."""
-    from ..engine.bank import make_bank
-    from ..tta import build_local
+    from ftta_core.engine.bank import make_bank
+    from ftta_core.tta import build_local
 
     model = model.to(device).eval()
     bank = make_bank(backend, model, n_clients)

@@ -1,121 +1,28 @@
 """The notebook's experiments: accuracy vs k with and without stream sampling, new-client benefit, costs, t-SNE,
 and the A2 settling comparison (``a2_settling``: g, untrained-A prototypes, A trained as Algorithm 1, with early
-stopping; ``python -m ftta_core.fedacross.study --help`` runs it on CIFAR-10-C)."""
+stopping; ``python -m studies.fedacross.study --help`` runs it on CIFAR-10-C)."""
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..data.base import ImageArray
-from ..rng import numpy_generator, torch_generator
-from ..stats import MARGIN, comparison, comparison_phrase, paired
-from .augment import AugmentSpec
-from .client import (ClientResult, ClientSpec, EarlyStop, accuracy, augmented_features, backbone_features,
-                     embed_features, merge_adapters, predict, run_client)
-from .model import FedAcrossNet, count_parameters
-from .sampling import SELECTIONS, balanced_select, random_select, vessal_select, vessal_select_per_class
+from ftta_core.fedacross.client import (ClientResult, ClientSpec, EarlyStop, accuracy, backbone_features, embed_features,
+                                       merge_adapters, predict, run_client)
+# the client data and support selection live in the library (the Flower apps use them); re-exported for the notebook
+from ftta_core.fedacross.features import (VIEWS, ClientData, ClientFeatures, cifar10c_clients,  # noqa: F401
+                                          client_features, domain_split, support_indices)
+from ftta_core.fedacross.model import FedAcrossNet, count_parameters
+from ftta_core.fedacross.sampling import SELECTIONS
+from ftta_core.rng import numpy_generator
+from ftta_core.stats import MARGIN, comparison, comparison_phrase, paired
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-
-
-@dataclass
-class ClientData:
-    """One client's target domain: a labelled-on-demand stream and a hold-back test set (images uint8 NHWC)."""
-
-    name: str
-    stream: ImageArray
-    test: ImageArray
-
-
-@dataclass
-class ClientFeatures:
-    """Backbone features f(x) of a client's stream and test images (f is frozen, so computed once); the stream
-    images themselves ([n, 3, H, W] in [0, 1]) when kept, for Algorithm 1's per-batch augmentation."""
-
-    name: str
-    stream: torch.Tensor
-    stream_labels: torch.Tensor
-    test: torch.Tensor
-    test_labels: torch.Tensor
-    stream_images: Optional[torch.Tensor] = None
-
-
-def cifar10c_clients(corruptions: Sequence[str], n_stream: int, n_test: int, severity: int = 5, seed: int = 0,
-                     data_root: Optional[str] = None) -> List[ClientData]:
-    """One client per corruption: disjoint random stream and test images of the CIFAR-10 test set, corrupted."""
-    from ..data import load_dataset
-    from ..data.root import cache_dir
-    from ..stream import CorruptedDomains
-
-    base = load_dataset("cifar10", "test", root=data_root)
-    if n_stream + n_test > len(base):
-        raise ValueError(f"n_stream + n_test must be <= {len(base)}, got {n_stream + n_test}")
-    domains = CorruptedDomains(base, list(corruptions), severity, seed=0, cache_dir=cache_dir() / "corrupted")
-    out = []
-    for i, name in enumerate(corruptions):
-        order = numpy_generator(seed, "fedacross", "client-pool", i).permutation(len(base))
-        images = domains.domain_images(i)
-        parts = [order[:n_stream], order[n_stream:n_stream + n_test]]
-        arrays = [ImageArray(f"{name}/{part}", images[idx], base.labels[idx], list(base.class_names))
-                  for part, idx in zip(("stream", "test"), parts)]
-        out.append(ClientData(name, *arrays))
-    return out
-
-
-def domain_split(data: ImageArray, n_test: int, seed: int, *keys: object) -> ClientData:
-    """A domain as a client: a random stratified-free split into ``n_test`` test images and the stream (the rest)."""
-    order = numpy_generator(seed, "fedacross", "domain-split", *[str(k) for k in keys]).permutation(len(data))
-    return ClientData(data.name, data.subset(order[n_test:], f"{data.name}/stream"),
-                      data.subset(order[:n_test], f"{data.name}/test"))
-
-
-def client_features(model: FedAcrossNet, client: ClientData, keep_images: bool = False) -> ClientFeatures:
-    """f(x) of the client's stream and test images (and the stream images if ``keep_images``)."""
-    xs, ys = client.stream.tensors()
-    xt, yt = client.test.tensors()
-    return ClientFeatures(client.name, backbone_features(model, xs), ys, backbone_features(model, xt), yt,
-                          xs if keep_images else None)
-
-
-VIEWS = ("clean", "augmented")
-
-
-def support_indices(selection: str, model: FedAcrossNet, feats: ClientFeatures, k: int, seed: int,
-                    *keys: object, view: str = "clean", per_class: bool = False,
-                    augment: AugmentSpec = AugmentSpec()) -> np.ndarray:
-    """Stream positions to label for a k-shot budget of k * L labels ('balanced' is the paper's static k-shot set).
-
-    VeSSAL options: ``view='augmented'`` embeds tau(T(x)) (eq. 6's x-tilde: one draw of T per stream item, from
-    its own generator; needs ``feats.stream_images``), 'clean' tau(x) (the default); ``per_class=True`` fills k per
-    class (``sampling.vessal_select_per_class``; it reads the labels of the items it labels)."""
-    if view not in VIEWS:
-        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
-    if (view != "clean" or per_class) and selection != "vessal":
-        raise ValueError(f"view and per_class are VeSSAL options; selection {selection!r} takes neither")
-    num_classes = model.spec.num_classes
-    gen = numpy_generator(seed, "fedacross", "select", selection, k, *[str(x) for x in keys])
-    if selection == "balanced":
-        return balanced_select(feats.stream_labels.numpy(), k, num_classes, gen)
-    if selection == "random":
-        return random_select(len(feats.stream_labels), k * num_classes, gen)
-    if selection == "vessal":
-        stream = feats.stream
-        if view == "augmented":
-            if feats.stream_images is None:
-                raise ValueError("view='augmented' needs the stream images: client_features(..., keep_images=True)")
-            stream = augmented_features(model, feats.stream_images, augment,
-                                        torch_generator(seed, "fedacross", "select-view", k, *[str(x) for x in keys]))
-        emb = embed_features(model, stream)
-        if per_class:
-            return vessal_select_per_class(emb, feats.stream_labels.numpy(), k, num_classes, gen)
-        return vessal_select(emb, k * num_classes, gen)
-    raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
 
 
 def evaluate_client(model: FedAcrossNet, feats: ClientFeatures, idx: np.ndarray, spec: ClientSpec, seed: int,
@@ -322,7 +229,7 @@ def accuracy_vs_k_figure(per_seed_k: pd.DataFrame, ax: Optional["Axes"] = None) 
 
     import matplotlib.pyplot as plt
 
-    from .. import style
+    from ftta_core import style
 
     if ax is None:
         _, ax = plt.subplots(figsize=(8.5, 4.2), layout="constrained")
@@ -440,10 +347,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import time
     from pathlib import Path
 
-    from ..runstore import atomic_write_text
-    from .pretrain import load_fedacross
+    from ftta_core.runstore import atomic_write_text
+    from ftta_core.fedacross.pretrain import load_fedacross
 
-    ap = argparse.ArgumentParser(prog="python -m ftta_core.fedacross.study", description=main.__doc__)
+    ap = argparse.ArgumentParser(prog="python -m studies.fedacross.study", description=main.__doc__)
     ap.add_argument("--out", required=True, help="CSV file for the per-client table (a summary CSV goes beside it)")
     ap.add_argument("--checkpoint", default="fedacross_resnet18_cifar10")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

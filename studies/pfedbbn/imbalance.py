@@ -10,10 +10,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from .. import stats, style
-from ..experiment import ALL_CORRUPTIONS, ExperimentConfig, build_scenario
-from ..paper import paper_table
-from ..workbook import same_domain_weight  # noqa: F401  (notebook 30 reads it from here)
+from ftta_core import stats, style
+from ftta_core.experiment import ALL_CORRUPTIONS, ExperimentConfig, build_scenario
+from studies.paper import paper_table
+from ftta_core.workbook import same_domain_weight  # noqa: F401  (notebook 30 reads it from here)
 
 TABLE1_METHODS = ("tent", "cotta", "roid", "rotta", "bbn")
 TABLE1_STRATEGIES = ("local", "fedavg", "fedprox", "fedavgm", "pfedgraph", "fedamp")
@@ -37,7 +37,7 @@ def setting_label(alpha: Optional[float]) -> str:
 def local_settings(method: str, model_name: str) -> Dict[str, Any]:
     """The benchmark's settings of a local method (``centralized.REFERENCE_PARAMS``), without the seed: the run's
     seed reaches the method through the config, so one variant serves every seed."""
-    from ..centralized import method_params
+    from studies.centralized import method_params
 
     params = method_params(method, model_name, seed=0)
     params.pop("seed", None)
@@ -242,8 +242,8 @@ def stored_runs(base: ExperimentConfig, strategies: Sequence[str], out_dir: Path
                 progress: bool = False) -> Optional[Dict[str, Any]]:
     """``workbook.run_stored`` (W kept); with ``compute=False`` only when every strategy is already stored with
     this config, else None (nothing runs)."""
-    from ..runstore import read_summary, usable
-    from ..workbook import run_stored
+    from ftta_core.runstore import read_summary, usable
+    from ftta_core.workbook import run_stored
 
     if not compute:
         for s in strategies:

@@ -12,7 +12,8 @@ The selection rule, fixed before any accuracy is read: on a held-out stream (the
 weight on the *other* clients that see the same corruption at that step (``workbook.same_domain_weight``, averaged
 over clients and steps); ties go to the smaller T. Accuracy is then read on the reported seeds.
 Every run is a ``workbook.run_grid`` summary (with ``weight_shares``) under ``RESULTS_DIR``; ``FTTA_PLAN`` plans
-the missing ones for ``run-plan``.
+the missing ones for ``run-plan``. A setting is a ``variants.Variant`` whose factors "T" and "scale" become the
+grid's columns (``temperature_grid``); its name (``setting_name``) is for display only and is never read back.
 """
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .. import stats
-from ..experiment import ExperimentConfig
-from ..plan import REPO_DIR
+from ftta_core import stats
+from ftta_core.experiment import ExperimentConfig
+from ftta_core.plan import REPO_DIR
+from ftta_core.variants import Variant, factors_of, overrides_of, with_factors
 
 TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
@@ -37,22 +39,28 @@ HELD_OUT_STEPS = 25  # the held-out stream's first 25 of 75 rounds (5 of the 15 
 RESULTS_DIR = REPO_DIR / "figures" / "pfedbbn" / "runs" / "temperature"
 GRID_DIR = REPO_DIR / "figures" / "pfedbbn" / "runs"  # pFedBBN's Table 1 grid: read for its runs (T = 1, references)
 SHARE_COLUMNS = ("self", "same domain", "other domains", "uniform same-domain")
+FACTORS = ("T", "scale")  # a setting's factors, the grid's columns (the references have none: NaN)
+CHOICE_T = ["T", "runner-up T"]  # ``select_setting``'s columns for the tie-break, not for display
 
 
 def setting_name(temperature: float, scale: str) -> str:
+    """A setting's display name, e.g. "T=4, scale=none" (a label only: its T and scale are the variant's factors)."""
     return f"T={temperature:g}, scale={scale}"
 
 
+def settings_of(variants: Mapping[str, Any]) -> List[str]:
+    """The names of ``variants`` that are pFedBBN settings (a "T" factor), in order."""
+    return [name for name, v in variants.items() if "T" in factors_of(v)]
+
+
 def with_setting(table: pd.DataFrame) -> pd.DataFrame:
-    """``table``'s rows whose variant is a pFedBBN setting (``setting_name``), with its "T" and "scale" as columns."""
-    out = table[table["variant"].str.startswith("T=")].copy()
-    parts = out["variant"].str.extract(r"T=([\d.]+), scale=(\w+)")
-    return out.assign(T=parts[0].astype(float), scale=parts[1])
+    """``table``'s rows of pFedBBN settings: those with a "T" (the factor columns of ``temperature_grid``)."""
+    return table[table["T"].notna()].copy()
 
 
 def bbn_base(base: ExperimentConfig, alpha: Optional[float], max_steps: Optional[int] = None) -> ExperimentConfig:
     """``base`` with BBN clients (the benchmark's settings), label skew ``alpha`` and, if given, ``max_steps``."""
-    from .imbalance import local_settings
+    from studies.pfedbbn.imbalance import local_settings
 
     cfg = dataclasses.replace(base, local="bbn", local_params=local_settings("bbn", base.model_name),
                               label_alpha=alpha)
@@ -60,33 +68,35 @@ def bbn_base(base: ExperimentConfig, alpha: Optional[float], max_steps: Optional
 
 
 def temperature_variants(temperatures: Sequence[float] = TEMPERATURES,
-                         scales: Sequence[str] = SCALES) -> Dict[str, Dict[str, Any]]:
-    """``run_grid`` variants: pFedBBN at every (T, scale); T = 1 with scale "none" is the default, stored as such."""
+                         scales: Sequence[str] = SCALES) -> Dict[str, Variant]:
+    """``run_grid`` variants: pFedBBN at every (T, scale), with factors "T" and "scale"; T = 1 and scale "none" are
+    the defaults, left out of ``strategy_params`` (T = 1 with "none" is stored as the default run, found by hash)."""
     out = {}
     for scale in scales:
         for t in temperatures:
             params = {k: v for k, v in (("temperature", float(t)), ("scale", scale))
                       if (k, v) not in (("temperature", 1.0), ("scale", "none"))}
-            out[setting_name(t, scale)] = {"strategy": "pfedbbn", "strategy_params": params}
+            out[setting_name(t, scale)] = Variant({"strategy": "pfedbbn", "strategy_params": params},
+                                                  {"T": float(t), "scale": scale})
     return out
 
 
-def reference_variants() -> Dict[str, Dict[str, Any]]:
-    """BBN alone and FedAvg + BBN: what pFedBBN's Table 1 puts it beside."""
-    return {"BBN alone": {"strategy": "local", "strategy_params": {}},
-            "FedAvg + BBN": {"strategy": "fedavg", "strategy_params": {}}}
+def reference_variants() -> Dict[str, Variant]:
+    """BBN alone and FedAvg + BBN: what pFedBBN's Table 1 puts it beside (no T or scale)."""
+    return {"BBN alone": Variant({"strategy": "local", "strategy_params": {}}),
+            "FedAvg + BBN": Variant({"strategy": "fedavg", "strategy_params": {}})}
 
 
 def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Sequence[Optional[float]] = ALPHAS,
-                     variants: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                     variants: Optional[Mapping[str, Any]] = None,
                      results_dir: Path | str = RESULTS_DIR, only_cached: bool = False,
                      also_read: Sequence[Path | str] = (GRID_DIR,), max_steps: Optional[int] = None) -> pd.DataFrame:
-    """One row per (alpha, variant, seed): accuracy, the source model's on the same stream and the mean
-    ``weight_shares`` of the stored run (runs the missing ones unless ``only_cached``; with ``FTTA_PLAN`` set, plans
-    them). ``also_read``: folders of stored runs
+    """One row per (alpha, variant, seed): the variant's factors "T" and "scale" (NaN for the references), accuracy,
+    the source model's on the same stream and the mean ``weight_shares`` of the stored run (runs the missing ones
+    unless ``only_cached``; with ``FTTA_PLAN`` set, plans them). ``also_read``: folders of stored runs
     read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN.
     ``max_steps``: truncate every run (the held-out stream: ``HELD_OUT_STEPS``)."""
-    from ..workbook import run_grid
+    from ftta_core.workbook import run_grid
 
     variants = dict(variants if variants is not None else {**temperature_variants(), **reference_variants()})
     frames = []
@@ -95,23 +105,23 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
                         only_cached=only_cached, also_read=[Path(f) for f in also_read])
         if len(grid):
             frames.append(grid.assign(alpha=alpha))
-    columns = ["alpha", "variant", "seed", "accuracy", "accuracy_source", *SHARE_COLUMNS]
+    columns = ["alpha", "variant", *FACTORS, "seed", "accuracy", "accuracy_source", *SHARE_COLUMNS]
     if not frames:
         return pd.DataFrame(columns=columns)
-    table = pd.concat(frames, ignore_index=True)
+    table = with_factors(pd.concat(frames, ignore_index=True), variants)
     shares = _stored_shares(base, table, variants, [Path(results_dir), *map(Path, also_read)], max_steps)
     return pd.concat([table, shares], axis=1).reindex(columns=columns)
 
 
-def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mapping[str, Mapping[str, Any]],
+def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mapping[str, Any],
                    folders: Sequence[Path], max_steps: Optional[int] = None) -> pd.DataFrame:
     """The ``weight_shares`` of each row's stored summary (NaN for runs stored before summaries carried them)."""
-    from ..runstore import read_summary
-    from ..workbook import stored_path
+    from ftta_core.runstore import read_summary
+    from ftta_core.workbook import stored_path
 
     rows = []
     for r in table.to_dict("records"):
-        cfg = dataclasses.replace(bbn_base(base, r["alpha"], max_steps), **dict(variants[r["variant"]]),
+        cfg = dataclasses.replace(bbn_base(base, r["alpha"], max_steps), **overrides_of(variants[r["variant"]]),
                                   seed=r["seed"])
         found = stored_path(cfg, folders[0], folders[1:])
         shares = read_summary(found).get("weight_shares", {}) if found is not None else {}
@@ -123,11 +133,12 @@ def select_setting(held_out: pd.DataFrame, settings: Optional[Sequence[str]] = N
     """The rule, per alpha: the pFedBBN setting with the largest same-domain share on the held-out stream (ties:
     smaller T). ``held_out``: ``temperature_grid`` rows of ``HELD_OUT_SEED``. One row per alpha, with "held-out
     runs" (stored of ``settings``, the grid's setting names), the "runner-up" setting and the "margin" of the chosen
-    one's share over it (how near the choice was): an alpha whose held-out runs do not cover every one of
+    one's share over it (how near the choice was), and last the two settings' T ("T", "runner-up T": ``CHOICE_T``,
+    for the tie-break; drop them to show the table): an alpha whose held-out runs do not cover every one of
     ``settings`` gets no choice (variant missing), since a setting not run could have won."""
     rows = with_setting(held_out).sort_values(["alpha", "same domain", "T"], ascending=[True, False, True])
-    chosen = rows.groupby("alpha", sort=False).head(1)[["alpha", "variant", "same domain", "uniform same-domain",
-                                                         "self"]].reset_index(drop=True)
+    first = rows.groupby("alpha", sort=False).head(1)
+    chosen = first[["alpha", "variant", "same domain", "uniform same-domain", "self"]].reset_index(drop=True)
     second = rows.groupby("alpha", sort=False).nth(1).set_index("alpha")
     chosen["runner-up"] = [second["variant"].get(a) for a in chosen["alpha"]]
     chosen["margin"] = [s - second["same domain"].get(a, float("nan"))
@@ -136,9 +147,12 @@ def select_setting(held_out: pd.DataFrame, settings: Optional[Sequence[str]] = N
     stored = rows.groupby("alpha")["variant"].agg(set)
     chosen["held-out runs"] = [f"{len(stored[a] & wanted) if wanted else len(stored[a])} of "
                                f"{len(wanted) if wanted else len(stored[a])}" for a in chosen["alpha"]]
+    chosen["T"] = first["T"].to_numpy()
+    chosen["runner-up T"] = [second["T"].get(a, float("nan")) for a in chosen["alpha"]]
     if wanted:
         incomplete = [not wanted <= stored[a] for a in chosen["alpha"]]
-        chosen.loc[incomplete, ["variant", "same domain", "uniform same-domain", "self", "runner-up", "margin"]] = None
+        chosen.loc[incomplete, ["variant", "same domain", "uniform same-domain", "self", "runner-up", "margin",
+                                *CHOICE_T]] = None
     return chosen
 
 
@@ -159,13 +173,14 @@ def choice_reading(chosen: pd.DataFrame) -> str:
 def choice_check(chosen: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     """The rule's choice and its runner-up (``select_setting``) on a second held-out stream (``second``:
     ``temperature_grid`` rows of ``CHECK_SEED``): their same-domain shares there and whether the choice is the same.
-    One row per alpha whose two settings are both stored at that seed (equal shares: the smaller T, as the rule)."""
+    One row per alpha whose two settings are both stored at that seed (equal shares: the smaller T, as the rule;
+    the Ts are ``chosen``'s "T" and "runner-up T")."""
     rows = []
     for r in chosen.dropna(subset=["variant", "runner-up"]).to_dict("records"):
         here = second[second["alpha"] == r["alpha"]].set_index("variant")["same domain"]
         if r["variant"] in here and r["runner-up"] in here:
             a, b = here[r["variant"]], here[r["runner-up"]]
-            t_chosen, t_other = with_setting(pd.DataFrame({"variant": [r["variant"], r["runner-up"]]}))["T"]
+            t_chosen, t_other = r["T"], r["runner-up T"]
             rows.append({"alpha": r["alpha"], "chosen": r["variant"], "runner-up": r["runner-up"],
                          "margin (rule stream)": r["margin"], "chosen share": a, "runner-up share": b,
                          "margin (second stream)": a - b,
@@ -175,10 +190,11 @@ def choice_check(chosen: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
 
 def flipped_choices(chosen: pd.DataFrame, check: pd.DataFrame) -> pd.DataFrame:
     """``chosen``'s rows for the alphas whose choice ``choice_check`` found reversed on the second held-out stream,
-    with the runner-up as the setting: the claims read there too say how much a verdict rests on a near tie."""
+    with the runner-up as the setting (and its T): the claims read there too say how much a verdict rests on a near
+    tie."""
     flipped = check.loc[~check["same choice"].astype(bool), "alpha"] if len(check) else []
     out = chosen[chosen["alpha"].isin(list(flipped))].copy()
-    out["variant"] = out["runner-up"]
+    out["variant"], out["T"] = out["runner-up"], out["runner-up T"]
     return out
 
 
@@ -235,9 +251,9 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = st
     ``fidelity.claims_table`` (``stats.paired`` and ``stats.verdict``). ``how``: how the setting was picked, said in
     each row's "settled by"; ``cell_class``: the accuracy claims' class. The W claim is always "post hoc": the
     setting was chosen to maximise that very share (on a held-out stream, but the same quantity)."""
-    from ..fidelity import claim_row
-    from .imbalance import _paper_value, paper_column
-    from ..paper import paper_table
+    from studies.fidelity import claim_row
+    from studies.pfedbbn.imbalance import _paper_value, paper_column
+    from studies.paper import paper_table
 
     paper = paper_table("pfedbbn_table1")
     paper = paper[paper.dataset == "cifar10"]
@@ -265,15 +281,16 @@ def pfedbbn_claims(reported: pd.DataFrame, chosen: pd.DataFrame, tie: float = st
 
 def pooled_shares(held_out: pd.DataFrame, settings: Sequence[str], alphas: Sequence[float] = ALPHAS) -> pd.DataFrame:
     """The rule over the held-out alphas at once, for the one setting the whole grid runs at: each of ``settings``'
-    same-domain share on the held-out stream per alpha and their mean, best first (ties: smaller T). Empty until
-    every setting has its held-out run at every alpha (a setting not run could have won)."""
+    same-domain share on the held-out stream per alpha and their mean, best first (ties: smaller T, ``held_out``'s
+    factor column). Empty until every setting has its held-out run at every alpha (a setting not run could have
+    won)."""
     rows = held_out[held_out["variant"].isin(list(settings))]
     wide = rows.pivot_table(index="variant", columns="alpha", values="same domain")
     if not set(settings) <= set(wide.index) or not set(alphas) <= set(wide.columns) or wide.isna().any().any():
         return pd.DataFrame(columns=[*(column_label(a) for a in alphas), "mean"])
     wide = wide[list(alphas)].rename(columns=column_label)
     wide["mean"] = wide.mean(axis=1)
-    order = wide.assign(T=with_setting(pd.DataFrame({"variant": wide.index}))["T"].values)
+    order = wide.assign(T=rows.groupby("variant")["T"].first())  # each setting's factor, by variant name
     return order.sort_values(["mean", "T"], ascending=[False, True]).drop(columns="T")
 
 
@@ -289,9 +306,9 @@ def whole_grid_claims(reported: pd.DataFrame, grid_rows: pd.DataFrame, setting: 
     seed, beside the paper's difference in that column. ``reported``: ``temperature_grid`` rows at the columns with
     ``setting`` and the references; ``grid_rows``: ``imbalance.run_rows`` of the stored Table 1 grid. Every row is
     "post hoc": the pooled rule was stated after the per-alpha accuracies were stored (notebook 30)."""
-    from ..fidelity import claim_row
-    from ..paper import paper_table
-    from .imbalance import STRATEGY_LABELS, METHOD_LABELS, paper_column
+    from studies.fidelity import claim_row
+    from studies.paper import paper_table
+    from studies.pfedbbn.imbalance import STRATEGY_LABELS, METHOD_LABELS, paper_column
 
     paper = paper_table("pfedbbn_table1")
     paper = paper[paper.dataset == "cifar10"]
@@ -325,8 +342,8 @@ def source_gains(reported: pd.DataFrame, chosen: pd.DataFrame) -> pd.DataFrame:
     Table 1 (its Source row): per alpha with a choice, BBN alone, FedAvg + BBN and the chosen pFedBBN setting, ours
     the mean over the seeds all three have. pFedBBN above BBN alone is the difference of two rows here, so the table
     says whether a gap to the paper's margin lies in the reference, in pFedBBN, or in both."""
-    from ..paper import paper_table
-    from .imbalance import _paper_value
+    from studies.paper import paper_table
+    from studies.pfedbbn.imbalance import _paper_value
 
     paper = paper_table("pfedbbn_table1")
     paper = paper[paper.dataset == "cifar10"]
@@ -377,7 +394,7 @@ def stored_claims(results_dir: Path | str = RESULTS_DIR, grid_dir: Path | str = 
     held-out runs are all stored (``select_setting`` makes no choice for the others); where the second held-out
     stream reverses the choice (``choice_check``), the claims at the runner-up too; and, once every held-out run is
     stored, the pooled setting's claims on the whole grid (``whole_grid``)."""
-    from .imbalance import pfedbbn_config
+    from studies.pfedbbn.imbalance import pfedbbn_config
 
     base = pfedbbn_config(dataset="cifar10")
     held = temperature_grid(base, [HELD_OUT_SEED], ALPHAS, temperature_variants(), results_dir, True, (grid_dir,),
@@ -402,8 +419,8 @@ def whole_grid(base: ExperimentConfig, setting: str, seeds: Sequence[int], resul
                max_steps: Optional[int] = None) -> Tuple[pd.DataFrame, pd.DataFrame]:
     """pFedBBN at ``setting`` with its references in every column (``alphas``; runs the missing ones unless
     ``only_cached``, plans them under ``FTTA_PLAN``), and ``imbalance.run_rows`` of the stored Table 1 grid."""
-    from ..workbook import stored_summaries
-    from .imbalance import run_rows, table1_variants
+    from ftta_core.workbook import stored_summaries
+    from studies.pfedbbn.imbalance import run_rows, table1_variants
 
     runs = temperature_grid(base, seeds, alphas, {setting: temperature_variants()[setting], **reference_variants()},
                             results_dir, only_cached, (grid_dir,), max_steps)
@@ -416,15 +433,16 @@ SCALE_LABELS = {"none": "distances as summed (no scaling)", "row_median": "dista
 
 
 def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) -> "Any":
-    """Accuracy (top row) and the same-domain share of W (bottom row) against T, one line per distance scale
-    (``SCALE_LABELS``), one column per alpha, rows sharing their y-scale: means over the reported seeds with 95 % t
-    intervals where a point has several (open marker: one seed), the seeds of every point under the x axis
-    (``style.seed_strip``); where the Ts of a scale were run at different seeds, also the mean over the seeds every
-    T has, so the curve is read on one set of streams; BBN alone and FedAvg + BBN as dashed/dotted references; the
-    held-out stream's shares (what the rule reads) as open squares. Returns the figure."""
+    """Accuracy (top row) and the same-domain share of W (bottom row) against T (the factor column of
+    ``temperature_grid``), one line per distance scale (``SCALE_LABELS``), one column per alpha, rows sharing their
+    y-scale: means over the reported seeds with 95 % t intervals where a point has several (open marker: one
+    seed), the seeds of every point under the x axis (``style.seed_strip``); where the Ts of a scale were run at
+    different seeds, also the mean over the seeds every T has, so the curve is read on one set of streams; BBN
+    alone and FedAvg + BBN (no T) as dashed/dotted references; the held-out stream's shares (what the rule reads)
+    as open squares. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    from .. import style
+    from ftta_core import style
 
     alphas = sorted(grid["alpha"].unique(), reverse=True)
     fig, axes = plt.subplots(2, len(alphas), figsize=(min(style.MAX_WIDTH, 4.6 * len(alphas) + 1), 8.2),
@@ -448,7 +466,7 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
                          label=f"{name(scale)}: mean over {style.seed_text(common)}, which every T has")
         style.errorbar_lines(bottom, here, "T", "same-domain share", hue="scale", labels=SCALE_LABELS,
                              interval="ci95", looks=looks)
-        refs = grid[(grid["alpha"] == alpha) & ~grid["variant"].str.startswith("T=")]
+        refs = grid[(grid["alpha"] == alpha) & grid["T"].isna()]  # the references: no T
         for (ref, g), ls in zip(refs.groupby("variant"), ("--", ":")):
             top.axhline(g["accuracy"].mean(), color="0.3", ls=ls, lw=1,
                         label=f"{ref} ({style.seed_text(g['seed'].unique())})")
@@ -490,6 +508,6 @@ def curve_figure(grid: pd.DataFrame, held_out: Optional[pd.DataFrame] = None) ->
 __all__ = ["curve_figure", "stored_claims", "TEMPERATURES", "SCALES", "ALPHAS", "HELD_OUT_SEED", "HELD_OUT_STEPS",
            "CHECK_SEED", "RUNNER_UP", "RESULTS_DIR", "temperature_variants", "reference_variants", "temperature_grid",
            "select_setting", "choice_reading", "choice_check", "choice_check_reading", "flipped_choices",
-           "checked_claims", "with_setting", "pooled_shares", "whole_grid", "whole_grid_claims",
-           "column_label", "at_alpha", "GRID_ALPHAS",
+           "checked_claims", "with_setting", "settings_of", "setting_name", "FACTORS", "CHOICE_T", "pooled_shares",
+           "whole_grid", "whole_grid_claims", "column_label", "at_alpha", "GRID_ALPHAS",
            "source_gains", "source_gains_reading", "curve", "pfedbbn_claims", "bbn_base", "SCALE_LABELS"]
