@@ -17,6 +17,7 @@ alternating the variants and keeping each one's minimum over ``--repeats``:
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from frozen import ts_block_v1 as v1  # noqa: E402
+from results_io import run_metadata, write_results  # noqa: E402
 from studies.fedctta.server_cost import fill_indicator_memory  # noqa: E402
 from ftta_core.rng import torch_generator  # noqa: E402
 from ftta_core.strategies.fedtsa import FedTSA  # noqa: E402
@@ -66,12 +68,22 @@ def round_levers(repeats: int) -> List[dict]:
         return lambda: train(xs, [torch_generator(0, "fedtsa", i) for i in range(r)],
                              make(DIM, rounds=r if r > 1 else None))
 
+    compiled = copy.copy(strategy)
+    compiled.compiled = True
+
+    def compiled_round() -> object:
+        return compiled._train(x, [torch_generator(0, "fedtsa", 0)], TSBlock(DIM))
+
     t = best_of({"old": rounds("old", 1), "new": rounds("new", 1), "old4": rounds("old", 4),
-                 "new4": rounds("new", 4)}, repeats)
+                 "new4": rounds("new", 4), "compiled": compiled_round}, repeats)
     return [{"lever": "hand gradient + plain and augmented passes stacked (kept): one round", "base_s": t["old"],
              "new_s": t["new"], "note": "W equal up to float rounding (tests/test_oracle_ts_block.py)"},
             {"lever": "the same, a block of 4 rounds (rounds_per_batch=4), per round", "base_s": t["old4"] / 4,
-             "new_s": t["new4"] / 4, "note": "not the CPU default: no faster than one round"}]
+             "new_s": t["new4"] / 4, "note": "not the CPU default: no faster than one round"},
+            {"lever": "the kept round's iteration through torch.compile (inductor, CPU), after its compile",
+             "base_s": t["new"], "new_s": t["compiled"],
+             "note": "kept for runs of >= 300 rounds (FTTA_COMPILE: auto/1/0); W equal up to float rounding "
+                     "(tests/test_oracle_ts_block.py)"}]
 
 
 def kernel_levers(repeats: int) -> List[dict]:
@@ -172,7 +184,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    print(lever_table(args.repeats)["markdown"])
+    table = lever_table(args.repeats)
+    meta = run_metadata("cpu")
+    markdown = (f"# FedTSA server-round levers and roofline (CPU, one torch thread)\n\nMade by: `{meta['command']}` "
+                f"on {meta['date']}, commit {meta['commit']} plus the working tree, torch {meta['torch']}; load "
+                f"average after {meta['load_average']} (compare ratios within this run).\n\n" + table["markdown"])
+    print(markdown)
+    write_results({**meta, "levers": table["rows"], "roofline": table["roofline"]}, "fedtsa_levers", "cpu", markdown)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 from statistics import median
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from results_io import run_metadata, write_results
 
@@ -32,9 +32,10 @@ CONFIG = "configs/fedtsa/table1_niid_bn.yaml"
 TARGET = 1.5
 
 
-def child_env(tree: Path, threads: int) -> Dict[str, str]:
-    """The environment of a run of ``tree``'s code with ``threads`` torch threads."""
-    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+def child_env(tree: Path, threads: int, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a run of ``tree``'s code with ``threads`` torch threads (and ``extra`` variables)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               **(extra or {}))
     env.setdefault("FTTA_DATA_ROOT", "/work/shared/data")
     return env
 
@@ -48,14 +49,15 @@ def imported_from(tree: Path, python: str, threads: int) -> str:
     return out
 
 
-def one_run(tree: Path, python: str, steps: int, threads: int, out: Path) -> dict:
+def one_run(tree: Path, python: str, steps: int, threads: int, out: Path,
+            extra: Optional[Dict[str, str]] = None) -> dict:
     """One CLI run of ``tree``'s code: wall and CPU seconds of the process, the run's own loop time, accuracy."""
     cmd = [python, "-m", "ftta_core", "run", "--config", str(ROOT / CONFIG), "--max-steps", str(steps),
            "--out", str(out)]
     load = os.getloadavg()[0]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(cmd, env=child_env(tree, threads), cwd=tree, check=True, stdout=subprocess.DEVNULL,
+    subprocess.run(cmd, env=child_env(tree, threads, extra), cwd=tree, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -72,7 +74,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kernels", action="store_true", help="also the per-lever kernel ratios (fedtsa_levers.py)")
+    ap.add_argument("--new-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="a variable for the new tree's runs only (e.g. FTTA_SOURCE_CACHE=0, FTTA_COMPILE=1)")
+    ap.add_argument("--warmup", action="store_true",
+                    help="one untimed run of each side first (fills the new tree's source-output cache, the page "
+                         "cache and inductor's cache, so the timed runs are the steady state of a grid)")
+    ap.add_argument("--name", default="fedtsa_speed_target", help="results file name (benchmarks/results/NAME_cpu)")
     args = ap.parse_args()
+    extra = dict(item.split("=", 1) for item in args.new_env)
     python = sys.executable
     base_commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.base, capture_output=True,
                                  text=True, check=True).stdout.strip()
@@ -80,9 +89,14 @@ def main() -> None:
     origin = {side: imported_from(tree, python, args.threads) for side, tree in sides.items()}
     runs: Dict[str, List[dict]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory(prefix="fedtsa_speed_") as tmp:
+        if args.warmup:
+            for side, tree in sides.items():
+                print("warm-up", side, one_run(tree, python, args.steps, args.threads, Path(tmp) / f"{side}_warm",
+                                               extra if side == "new" else None), flush=True)
         for rep in range(args.repeats):
             for side, tree in sides.items():
-                runs[side].append(one_run(tree, python, args.steps, args.threads, Path(tmp) / f"{side}_{rep}"))
+                runs[side].append(one_run(tree, python, args.steps, args.threads, Path(tmp) / f"{side}_{rep}",
+                                          extra if side == "new" else None))
                 print(side, rep, runs[side][-1], flush=True)
     stat = {side: {k: {"median": median(r[k] for r in rs), "min": min(r[k] for r in rs)}
                    for k in ("wall_s", "loop_s", "cpu_s")} for side, rs in runs.items()}
@@ -91,6 +105,7 @@ def main() -> None:
     accuracy = {side: sorted({r["accuracy"] for r in rs}) for side, rs in runs.items()}
     gap = max(abs(a - b) for a in accuracy["base"] for b in accuracy["new"])
     result = {**run_metadata("cpu"), "base_commit": base_commit, "imported_from": origin, "config": CONFIG,
+              "new_env": extra, "warmup": args.warmup,
               "steps": args.steps, "threads": args.threads, "repeats": args.repeats, "runs": runs, "stats": stat,
               "ratio_base_over_new": ratio, "accuracy": accuracy, "max_accuracy_gap": round(gap, 4),
               "target": {"speedup": TARGET, "accuracy_gap": 0.2,
@@ -99,9 +114,10 @@ def main() -> None:
                      f"{r['load_before']} / {r['load_after']} |"
                      for i in range(args.repeats) for side, rs in runs.items() for r in [rs[i]])
     markdown = (f"# FedTSA TTA-bn speed target: this tree vs {base_commit} (CPU, {args.threads} threads, first "
-                f"{args.steps} steps of `{CONFIG}`)\n\n"
+                f"{args.steps} steps of `{CONFIG}`{', new side with ' + str(extra) if extra else ''})\n\n"
                 f"Made by: `{result['command']}` on {result['date']}, commit {result['commit']} plus the working tree, "
-                f"{result['device_name']}, torch {result['torch']}; load average after the runs "
+                f"{result['device_name']}, torch {result['torch']}; "
+                f"{'one untimed warm-up run per side first; ' if args.warmup else ''}load average after the runs "
                 f"{result['load_average']} (the machine is shared: other jobs ran beside these runs).\n\n"
                 "Alternating runs of the CLI (wall: the process; loop: the run's own step loop, `summary.json`; "
                 "CPU: user + system seconds of the process):\n\n"
@@ -119,7 +135,7 @@ def main() -> None:
         result["levers"] = levers["rows"]
         markdown += "\n" + levers["markdown"]
     print(markdown)
-    write_results(result, "fedtsa_speed_target", "cpu", markdown)
+    write_results(result, args.name, "cpu", markdown)
 
 
 if __name__ == "__main__":

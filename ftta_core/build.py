@@ -323,8 +323,11 @@ def build_engine(cfg: "ExperimentConfig", device: str, strategy: Optional["Strat
                   server_threads, attack=parse_attack(cfg.attack))
 
 
-# FTTA_SOURCE_CACHE=1: every run built here keeps the frozen source model's outputs per batch in a file per model and
-# stream (``engine.source_cache``; bit-identical results, tests/test_speed_levers.py) and reads them in later runs
+# Every run built here keeps the frozen source model's outputs per batch in a file per model and stream
+# (``engine.source_cache``, under ``cache_dir()/source_outputs``, ~21 MB per CIFAR-10-C protocol stream) and reads
+# them in later runs of that stream: a run of a grid skips one of TTA-bn's three forwards. An entry is read only by
+# a forward on the same device with the same thread count (``source_cache.entry_key``), so a run equals the run
+# without the cache bit for bit (tests/test_speed_levers.py). FTTA_SOURCE_CACHE=0 switches it off.
 SOURCE_CACHE_ENV = "FTTA_SOURCE_CACHE"
 
 
@@ -338,7 +341,7 @@ def build_run(cfg: "ExperimentConfig", *, stream: Optional[Stream] = None, strat
     device = resolve_device(device or cfg.device)
     stream = stream or build_stream(cfg, device, data_root)
     engine = build_engine(cfg, device, strategy, server_threads)
-    if os.environ.get(SOURCE_CACHE_ENV) == "1":  # reuse the frozen source model's outputs across runs of a stream
+    if os.environ.get(SOURCE_CACHE_ENV, "1") != "0":  # reuse the source model's outputs across runs of a stream
         from .engine.source_cache import SourceCache
 
         engine.source_cache = SourceCache.open_for(engine.source_model, stream)

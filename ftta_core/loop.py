@@ -8,7 +8,11 @@ profiler the labels cost about a microsecond each.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+import os
+import pickle
+import sys
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -25,7 +29,7 @@ from .tta.base import LocalMethod
 from .engine.attacks import Attack
 from .engine.bank import ClientBank, make_bank
 from .engine.mixing import restrict_to_valid
-from .engine.source_cache import SourceCache, batch_digest, model_digest
+from .engine.source_cache import SourceCache, entry_key, model_digest
 from .engine.uploads import UploadGate, UploadPolicy, describe_rejections, reference_values
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,56 @@ def default_server_threads(device: torch.device | str = "cpu") -> int:
         return GPU_SERVER_THREADS
     threads = torch.get_num_threads()
     return threads if threads >= 2 else 0
+
+
+SERVER_POOLS = ("thread", "process")
+SERVER_POOL_ENV = "FTTA_SERVER_POOL"  # 'thread' or 'process': overrides ``default_server_pool``
+
+
+def default_server_pool(device: torch.device | str = "cpu") -> str:
+    """Where rounds computed ahead run when the engine does not say (``$FTTA_SERVER_POOL`` overrides): on a Linux
+    CPU in worker processes, else in threads. A round is ~10,000 small operations, each dispatched under Python's
+    GIL, so server threads and the clients' loop queue for it; in processes they run side by side (a 60-step
+    FedTSA TTA-bn run on 2 cores: benchmarks/results/fedtsa_speed_target_cpu.md). On a GPU a thread only launches
+    the (batched) rounds' kernels, and a process would need its own CUDA context."""
+    chosen = os.environ.get(SERVER_POOL_ENV)
+    if chosen:
+        if chosen not in SERVER_POOLS:
+            raise ValueError(f"${SERVER_POOL_ENV} must be one of {SERVER_POOLS}, got {chosen!r}")
+        return chosen
+    return "process" if torch.device(device).type == "cpu" and _can_fork() else "thread"
+
+
+def _can_fork() -> bool:
+    """Whether worker processes can start by ``fork`` here (Linux). Workers are forked, not spawned: a spawned or
+    forkserver worker imports the caller's ``__main__`` again, which re-runs a user's script that has no
+    ``if __name__ == "__main__"`` guard; a forked worker starts from this process as it is, and only ever runs
+    single-threaded torch code (``_server_worker``). macOS and Windows use threads."""
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _server_worker() -> None:
+    """Initialiser of a server worker (thread or process): one intra-op thread, as every round runs."""
+    torch.set_num_threads(1)
+
+
+def server_pool(kind: str, workers: int, planners: List[Strategy]) -> Tuple[Executor, str]:
+    """An executor of ``workers`` for rounds computed ahead, and its kind: forked processes (``_can_fork``) unless
+    ``kind`` is 'thread', the platform cannot fork, or a planner cannot be sent to another process (it does not
+    pickle: a user's strategy holding a lock, a lambda...), which is logged and served by threads instead. The
+    results are the same either way: a round is the same single-threaded computation in any worker (``FedTSA``
+    rounds ahead)."""
+    if kind == "process" and _can_fork():
+        try:
+            for planner in planners:
+                pickle.dumps(planner)
+        except Exception as err:  # noqa: BLE001 - any pickling failure means: not in a process
+            log.warning("rounds ahead run in threads: strategy %s cannot be sent to a worker process (%s)",
+                        type(planner).__name__, err)
+        else:
+            return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                       initializer=_server_worker), "process"
+    return ThreadPoolExecutor(workers, thread_name_prefix="ftta-server", initializer=_server_worker), "thread"
 
 
 class SharedPassError(ValueError):
@@ -95,7 +149,8 @@ class Engine:
     device: str = "cpu"
     participation: float = 1.0
     seed: int = 0
-    server_threads: Optional[int] = None  # threads for rounds computed ahead (``prefetch``); 0: none; None: auto
+    server_threads: Optional[int] = None  # workers for rounds computed ahead (``prefetch``); 0: none; None: auto
+    server_pool: Optional[str] = None  # 'thread' or 'process' workers for those rounds; None: ``default_server_pool``
     upload_policy: Optional[UploadPolicy] = None  # thresholds of the server's upload checks (None: the defaults)
     # the frozen source model's outputs per batch, reused instead of recomputed (``engine.source_cache``; None: none)
     source_cache: Optional[SourceCache] = None
@@ -109,11 +164,14 @@ class Engine:
             raise ValueError(f"participation must be in (0, 1], got {self.participation}")
         if self.server_threads is not None and self.server_threads < 0:
             raise ValueError(f"server_threads must be >= 0 or None, got {self.server_threads}")
+        if self.server_pool is not None and self.server_pool not in SERVER_POOLS:
+            raise ValueError(f"server_pool must be one of {SERVER_POOLS} or None, got {self.server_pool!r}")
         if self.attack is not None:
             self.attack.check_clients(self.n_clients)
         self._source_ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> x, logits, ind.
         self._horizon: Optional[int] = None  # first step not yet handed to the look-ahead strategies
-        self._server_pool: Optional[ThreadPoolExecutor] = None
+        self._server_pool: Optional[Executor] = None
+        self.server_pool_kind = ""  # the kind of workers ``prefetch`` used ('' until it started them)
         self._client_threads: Optional[int] = None  # torch's thread count before ``prefetch`` split the cores
         self.rounds_ahead_threads = 0  # server threads ``prefetch`` used in this engine's run (0: none)
         self.source_model = self.source_model.to(self.device).eval()
@@ -130,7 +188,7 @@ class Engine:
         cache = self.source_cache
         key = None
         if cache is not None:
-            key = batch_digest(x)
+            key = entry_key(x)
             hit = cache.get(x, key)
             if hit is not None:
                 return hit
@@ -235,6 +293,9 @@ class Engine:
         ``STEPS_AHEAD_PER_THREAD`` per server thread ahead, or in chunks of ``Strategy.plan_chunk`` (two chunks
         ahead) for a strategy that batches its rounds (FedTSA on a GPU)."""
         planners = [s for s in (strategies or {"": self.strategy}).values() if lookahead_of(s)]
+        if self._horizon is None:  # the run's first prefetch: tell them how long the run is
+            for strategy in planners:
+                strategy.expect_rounds(stop - step)
         if self._server_pool is not None:  # decided at the first call (the default then changes torch's threads)
             threads = self.rounds_ahead_threads
         else:
@@ -263,8 +324,8 @@ class Engine:
                 raise ValueError(f"strategy {strategy.name} looks ahead on {unknown}; only the source model's "
                                  f"{sorted(uploads)} are known before a step")
         if self._server_pool is None:
-            self._server_pool = ThreadPoolExecutor(threads, thread_name_prefix="ftta-server",
-                                                   initializer=torch.set_num_threads, initargs=(1,))
+            kind = self.server_pool or default_server_pool(self.device)
+            self._server_pool, self.server_pool_kind = server_pool(kind, threads, planners)
             self.rounds_ahead_threads = threads
             if self.server_threads is None and torch.device(self.device).type != "cuda":  # auto, on a CPU: the
                 # clients keep half of the threads while rounds run ahead

@@ -537,7 +537,7 @@ def test_rounds_computed_ahead_on_server_threads_give_the_same_run(monkeypatch, 
         threads.clear()
         batches.clear()
         eng = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=4, window=3, **params),
-                     n_clients=4, server_threads=server_threads)
+                     n_clients=4, server_threads=server_threads, server_pool="thread")
         diagnostics = []
         results = run_steps(eng, stream, on_step=lambda r: diagnostics.append(eng.strategy.last_diagnostics))
         eng.close()
@@ -558,6 +558,80 @@ def test_rounds_computed_ahead_on_server_threads_give_the_same_run(monkeypatch, 
         assert (a.spatial_mask is None) == (b.spatial_mask is None)
         assert a.spatial_mask is None or torch.equal(a.spatial_mask, b.spatial_mask)
         assert a.selected_iteration == b.selected_iteration and a.seconds > 0 and b.seconds > 0
+
+
+@pytest.mark.parametrize("params", [{}, {"rounds_per_batch": 3}, {"augmentation": "count", "select": "best"}])
+def test_rounds_computed_ahead_in_worker_processes_give_the_same_run(monkeypatch, params):
+    """The CPU default (``loop.default_server_pool``): rounds ahead run in forked worker processes, side by side with
+    the clients instead of queueing for one GIL; every W, diagnostic and prediction is bit for bit that of computing
+    each round in its step (one thread either way), and the rounds did run in other processes."""
+    import os
+
+    from ftta_core.loop import default_server_pool, run_steps
+
+    if default_server_pool() != "process":
+        pytest.skip("no fork on this platform: rounds ahead run in threads")
+    rounds = FedTSA._rounds
+
+    def tagged(self, windows, steps):  # runs in the worker: its pid travels back with each round's diagnostics
+        out = rounds(self, windows, steps)
+        for diag in out:
+            diag.pid = os.getpid()
+        return out
+
+    tagged.__name__ = "_rounds"  # a bound method pickles as (object, name)
+    monkeypatch.setattr(FedTSA, "_rounds", tagged)
+    stream, model = small_stream(9), load_source_model("digits_cnn_embedded")
+    runs = {}
+    for server_threads in (0, 2):
+        eng = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=4, window=3, **params),
+                     n_clients=4, server_threads=server_threads)
+        diagnostics = []
+        runs[server_threads] = (run_steps(eng, stream, on_step=lambda r: diagnostics.append(eng.strategy.last_diagnostics)),
+                                diagnostics, eng.server_pool_kind)
+        eng.close()
+    (plain, plain_diag, _), (ahead, ahead_diag, kind) = runs[0], runs[2]
+    assert kind == "process"
+    assert {getattr(d, "pid", os.getpid()) for d in ahead_diag} - {os.getpid()}  # served by other processes
+    batched = params.get("rounds_per_batch", 1) > 1
+    same = (lambda u, v: np.allclose(u, v, rtol=0, atol=1e-5)) if batched else np.array_equal
+    for a, b in zip(plain, ahead):
+        assert same(a.weights, b.weights) and np.array_equal(a.correct_mixed, b.correct_mixed)
+    for a, b in zip(plain_diag, ahead_diag):
+        assert a.step == b.step and same(a.loss, b.loss) and a.selected_iteration == b.selected_iteration
+
+
+def test_a_strategy_that_cannot_be_pickled_has_its_rounds_ahead_in_threads(caplog):
+    """A planner that cannot be sent to a worker process (here: it holds a lock) is served by threads, and the
+    log says why."""
+    import threading
+
+    from ftta_core.loop import default_server_pool
+
+    if default_server_pool() != "process":
+        pytest.skip("no fork on this platform: rounds ahead run in threads")
+    strategy = build_strategy("fedtsa", server_steps=2)
+    strategy.lock = threading.Lock()
+    eng = Engine(load_source_model("digits_cnn_embedded"), build_local("bn"), strategy, n_clients=4,
+                 server_threads=1)
+    eng.prefetch(small_stream(3), 0, 3)
+    eng.close()
+    assert eng.server_pool_kind == "thread" and "cannot be sent to a worker process" in caplog.text
+
+
+def test_server_pool_is_validated(monkeypatch):
+    from ftta_core.loop import SERVER_POOL_ENV, default_server_pool
+
+    with pytest.raises(ValueError, match="server_pool"):
+        Engine(load_source_model("digits_cnn_embedded"), build_local("bn"), build_strategy("fedtsa"), n_clients=2,
+               server_pool="gpu")
+    monkeypatch.setenv(SERVER_POOL_ENV, "thread")
+    assert default_server_pool() == "thread"
+    monkeypatch.setenv(SERVER_POOL_ENV, "fork")
+    with pytest.raises(ValueError, match=SERVER_POOL_ENV):
+        default_server_pool()
+    monkeypatch.delenv(SERVER_POOL_ENV)
+    assert default_server_pool("cuda:0") == "thread"
 
 
 @pytest.mark.parametrize("rounds_per_batch", [0, 3])

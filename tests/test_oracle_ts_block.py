@@ -128,3 +128,76 @@ def test_hand_gradient_of_two_passes_is_autograds(one_thread, temporal, mask_mod
     for name in ("output", "temporal_output", "temporal_attention", "spatial_attention", "temporal_scores"):
         close(None if getattr(single, name) is None else getattr(single, name).detach(),
               None if getattr(reference, name) is None else getattr(reference, name).detach())
+
+
+@pytest.mark.parametrize("case", ["paper", "code"])
+def test_compiled_iteration_matches_the_eager_round(one_thread, case):
+    """``FedTSA.compiled`` (``run_iteration`` through ``torch.compile``; a long CPU run's default): the same round
+    as the eager iteration up to float64 rounding, the same masks exactly. Skipped where inductor cannot compile
+    (no C++ compiler), where the run itself would fall back to the eager iteration."""
+    import shutil
+
+    from ftta_core.strategies import fedtsa
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler: torch.compile's CPU backend cannot build the iteration")
+    rounds = {}
+    for compiled in (False, True):
+        strategy = FedTSA(server_steps=STEPS, lr=1e-2, seed=3, **CASES[case])
+        strategy.compiled = compiled
+        block = TSBlock(D, temporal=strategy.temporal, bias=strategy.bias).double()
+        rounds[compiled] = (strategy._train(windows(None), [torch_generator(3, "fedtsa", 0)], block)[0], block)
+    assert not fedtsa._compiled.get("failed"), "the iteration did not compile"
+    (eager, eager_block), (comp, comp_block) = rounds[False], rounds[True]
+    close(comp_block.qk_weight.detach(), eager_block.qk_weight.detach())
+    close(comp.weights, eager.weights)
+    for name in ("loss", "loss_regularization", "loss_robustness"):
+        close(torch.from_numpy(getattr(comp, name)), torch.from_numpy(getattr(eager, name)))
+    for name in ("current_mask", "spatial_mask", "temporal_mask"):
+        ma, mb = getattr(comp, name), getattr(eager, name)
+        assert (ma is None) == (mb is None) and (ma is None or torch.equal(ma, mb)), name
+
+
+def test_a_compile_that_fails_falls_back_to_the_eager_iteration(one_thread, monkeypatch, caplog):
+    """No compiler, an unsupported operator...: the round runs eagerly (the same W) and the log says so once."""
+    from ftta_core.strategies import fedtsa
+
+    def broken(fn, **kwargs):
+        def call(*args, **kw):
+            raise RuntimeError("no working C++ compiler found")
+        return call
+
+    monkeypatch.setattr(fedtsa, "_compiled", {})
+    monkeypatch.setattr(torch, "compile", broken)
+    results = []
+    for compiled in (False, True):
+        strategy = FedTSA(server_steps=3, lr=1e-2, seed=3)
+        strategy.compiled = compiled
+        results.append(strategy._train(windows(None), [torch_generator(3, "fedtsa", 0)], TSBlock(D).double())[0])
+    assert torch.equal(results[0].weights, results[1].weights)
+    assert fedtsa._compiled["failed"] and caplog.text.count("did not compile") == 1
+
+
+def test_compiling_is_chosen_by_the_run_length_unless_the_switch_says(monkeypatch):
+    """'auto': a run of ``COMPILE_MIN_ROUNDS`` rounds or more compiles, a shorter one (tests, smoke runs) does not;
+    FTTA_COMPILE=1/0 always/never; anything else is an error naming the variable."""
+    from ftta_core.strategies import fedtsa
+
+    monkeypatch.delenv(fedtsa.COMPILE_ENV, raising=False)
+    strategy = FedTSA()
+    assert not strategy.compiled
+    strategy.expect_rounds(fedtsa.COMPILE_MIN_ROUNDS)
+    assert strategy.compiled
+    strategy.expect_rounds(fedtsa.COMPILE_MIN_ROUNDS - 1)
+    assert not strategy.compiled
+    monkeypatch.setenv(fedtsa.COMPILE_ENV, "1")
+    assert FedTSA().compiled
+    untrained = FedTSA(variant="S-sim")
+    untrained.expect_rounds(750)
+    assert not untrained.compiled
+    monkeypatch.setenv(fedtsa.COMPILE_ENV, "0")
+    strategy.expect_rounds(750)
+    assert not strategy.compiled
+    monkeypatch.setenv(fedtsa.COMPILE_ENV, "yes")
+    with pytest.raises(ValueError, match=fedtsa.COMPILE_ENV):
+        strategy.expect_rounds(750)

@@ -107,22 +107,46 @@ def test_an_engine_refuses_a_cache_of_another_model(digits_model):
         Engine(digits_model, build_local("bn"), build_strategy("fedavg"), 2, source_cache=SourceCache(changed))
 
 
-def test_runs_built_with_the_cache_switch_reuse_the_source_outputs(tmp_path, monkeypatch):
-    """``FTTA_SOURCE_CACHE=1``: ``build_run`` gives the engine the stream's cache file; a second run reads it and
-    both runs equal a run without it."""
+def test_runs_built_by_default_reuse_the_source_outputs_and_the_switch_turns_it_off(tmp_path, monkeypatch):
+    """By default ``build_run`` gives the engine the stream's cache file; a second run reads it, and both runs equal
+    a run without it (``FTTA_SOURCE_CACHE=0``, which writes no file)."""
     from ftta_core.build import SOURCE_CACHE_ENV
     from ftta_core.experiment import ExperimentConfig, run_experiment
 
     cfg = ExperimentConfig(dataset="embedded_digits", scenario="fedtsa_niid", clients=4, batch_size=5,
-                           images_per_client=10, corruptions=["fog", "contrast", "frost", "brightness"], local="bn", strategy="fedtsa",
-                           device="cpu", max_steps=4)
-    plain = run_experiment(cfg).summary["accuracy"]
+                           images_per_client=10, corruptions=["fog", "contrast", "frost", "brightness"], local="bn",
+                           strategy="fedtsa", device="cpu", max_steps=4)
     monkeypatch.setattr("ftta_core.engine.source_cache.default_root", lambda: tmp_path)
-    monkeypatch.setenv(SOURCE_CACHE_ENV, "1")
-    first = run_experiment(cfg).summary["accuracy"]
-    files = list(tmp_path.glob("*.pt"))
-    assert len(files) == 1
-    assert run_experiment(cfg).summary["accuracy"] == first == plain
+    monkeypatch.setenv(SOURCE_CACHE_ENV, "0")
+    plain = run_experiment(cfg)
+    assert not list(tmp_path.glob("*.pt"))
+    monkeypatch.delenv(SOURCE_CACHE_ENV)
+    first = run_experiment(cfg)
+    assert len(list(tmp_path.glob("*.pt"))) == 1
+    again = run_experiment(cfg)
+    for res in (first, again):
+        assert res.summary["accuracy"] == plain.summary["accuracy"]
+        assert np.array_equal(res.collaboration, plain.collaboration)
+
+
+def test_a_cache_entry_is_read_only_at_the_thread_count_that_computed_it(digits_model):
+    """``entry_key`` names the device and the thread count: outputs computed with 2 threads are not served to a
+    forward with 1 (its sums round differently), so the cache never changes a run's bits."""
+    from ftta_core.engine.source_cache import entry_key
+
+    x = torch.rand(2, 3, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    cache = SourceCache(digits_model)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        cache.put(x, torch.zeros(2, 3, 10), torch.zeros(2, 8))
+        key_two = entry_key(x)
+        torch.set_num_threads(1)
+        assert entry_key(x) != key_two and cache.get(x) is None
+        torch.set_num_threads(2)
+        assert cache.get(x) is not None
+    finally:
+        torch.set_num_threads(before)
 
 
 class _RecordingFedCTTA(FedCTTA):

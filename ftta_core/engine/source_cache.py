@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1  # bump when what an entry holds changes (older files are then ignored)
+FORMAT = 2  # bump when what an entry holds changes (older files are then ignored); 2: keys name device and threads
 
 
 def model_digest(model: nn.Module) -> str:
@@ -48,6 +48,14 @@ def batch_digest(x: torch.Tensor) -> str:
     h = hashlib.blake2b(f"{x.dtype}:{tuple(x.shape)}".encode(), digest_size=16)
     h.update(x.numpy().tobytes())
     return h.hexdigest()
+
+
+def entry_key(x: torch.Tensor) -> str:
+    """The key of batch ``x``'s entry: its ``batch_digest`` and where its outputs are computed (device type and
+    torch's intra-op thread count), so an entry is only read by a forward that would compute the same bits (float
+    sums split over threads, or run on another device, round differently): a run with the cache equals the run
+    without it bit for bit, whatever runs filled it."""
+    return f"{batch_digest(x)}@{x.device.type}:{torch.get_num_threads()}"
 
 
 def stream_key(stream: "Stream") -> str:
@@ -103,8 +111,8 @@ class SourceCache:
         self.entries.update({k: (lg, ind) for k, lg, ind in zip(blob["keys"], blob["logits"], blob["indicators"])})
 
     def get(self, x: torch.Tensor, key: Optional[str] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-        """(logits, indicator) of batch ``x`` on its device, or None (``key``: its ``batch_digest`` if known)."""
-        hit = self.entries.get(key or batch_digest(x))
+        """(logits, indicator) of batch ``x`` on its device, or None (``key``: its ``entry_key`` if known)."""
+        hit = self.entries.get(key or entry_key(x))
         if hit is None:
             self.misses += 1
             return None
@@ -113,7 +121,7 @@ class SourceCache:
 
     def put(self, x: torch.Tensor, logits: torch.Tensor, indicator: torch.Tensor, key: Optional[str] = None) -> None:
         """Store batch ``x``'s outputs (copied to the CPU)."""
-        self.entries[key or batch_digest(x)] = (logits.detach().cpu().clone(), indicator.detach().cpu().clone())
+        self.entries[key or entry_key(x)] = (logits.detach().cpu().clone(), indicator.detach().cpu().clone())
         self._dirty = True
 
     def save(self) -> None:
@@ -136,4 +144,4 @@ class SourceCache:
         self._dirty = False
 
 
-__all__ = ["SourceCache", "batch_digest", "model_digest", "stream_key", "default_root"]
+__all__ = ["SourceCache", "batch_digest", "entry_key", "model_digest", "stream_key", "default_root"]

@@ -166,13 +166,18 @@ class Scheduled(ABC):
     ``lookahead`` names the upload kinds (of the frozen source model only) it plans from; the engine then hands it
     those uploads ahead of time (``plan_rounds``)."""
 
-    METHODS = ("plan_chunk", "plan_rounds")
+    METHODS = ("plan_chunk", "plan_rounds", "expect_rounds")
     lookahead: tuple = ()
 
     def plan_chunk(self, device: torch.device | str) -> int:
         """How many future steps the strategy wants handed over at once by ``plan_rounds`` on ``device`` (e.g. the
         rounds it trains as one batch); 1 by default."""
         return 1
+
+    def expect_rounds(self, rounds: int) -> None:
+        """The engine's word, before the first step it runs: ``rounds`` steps are left in this run. A strategy may
+        choose how to compute its rounds by it (FedTSA compiles its iteration for a long run), never what they
+        give. Nothing by default."""
 
     @abstractmethod
     def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,

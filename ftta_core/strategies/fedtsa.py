@@ -18,11 +18,14 @@ Where we differ from the paper (also listed in ``notebooks/11_fedtsa_ablations.i
 """
 from __future__ import annotations
 
+import copy
+import logging
+import os
 import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -39,6 +42,8 @@ VARIANTS = {"full": (True, True, True), "w/o time": (True, False, True), "w/o au
             "S-sim": (False, False, False), "TS-sim": (False, True, False)}
 SELECTIONS = ("final", "best")
 GRAPH_SOURCES = ("indicator", "temporal")
+
+log = logging.getLogger(__name__)
 
 
 def variant_name(name: str) -> str:
@@ -214,6 +219,51 @@ class _IterationMasks:
 # is launch-bound there); on a CPU they are no faster than separate rounds (benchmarks/README.md)
 AUTO_ROUNDS_PER_BATCH = {"cpu": 1, "cuda": 64}
 
+# A server iteration (both passes, the masks, L_tsa and its hand gradient) can run as one ``torch.compile``d graph,
+# whose element-wise work inductor fuses into a few C++ loops: W equal to the eager iteration's up to float rounding
+# (tests/test_oracle_ts_block.py, float64); a round 1.28x faster on one thread (benchmarks/results/
+# fedtsa_levers_cpu.md). The first round of each window length compiles (~20 s with a cold
+# cache, ~1 s once inductor's on-disk cache holds it; it needs a C++ compiler), so by default ('auto') a CPU run
+# compiles only when the engine says it has ``COMPILE_MIN_ROUNDS`` rounds or more (``expect_rounds``: a protocol
+# run, not a test or a smoke run). FTTA_COMPILE=1 always, 0 never. A compile that fails falls back to the eager
+# iteration with one warning.
+COMPILE_ENV = "FTTA_COMPILE"
+COMPILE_MIN_ROUNDS = 300
+_compiled: Dict[str, Any] = {}
+
+
+def compile_wanted(rounds: Optional[int]) -> bool:
+    """Whether a run with ``rounds`` rounds left (None: not said) compiles its iteration (``$FTTA_COMPILE``: '1',
+    '0' or 'auto', the default)."""
+    mode = os.environ.get(COMPILE_ENV, "auto")
+    if mode not in ("0", "1", "auto"):
+        raise ValueError(f"${COMPILE_ENV} must be 0, 1 or auto, got {mode!r}")
+    return mode == "1" or (mode == "auto" and rounds is not None and rounds >= COMPILE_MIN_ROUNDS)
+
+
+def compiled_iteration() -> Optional[Callable[..., Any]]:
+    """``FedTSA._iteration`` compiled (one object per process), or None once compiling failed here."""
+    if _compiled.get("failed"):
+        return None
+    if "iteration" not in _compiled:
+        _compiled["iteration"] = torch.compile(FedTSA._iteration, dynamic=None)
+    return _compiled["iteration"]
+
+
+def run_iteration(strategy: "FedTSA", *args: Any) -> Any:
+    """``strategy._iteration(*args)``, compiled where ``strategy.compiled`` says so and the window is on a CPU; a
+    compile error (no C++ compiler, an unsupported operator) is logged once and the eager method used from then on
+    (the error comes before the iteration changes anything: it fails while compiling)."""
+    compiled = compiled_iteration() if strategy.compiled and args[1].device.type == "cpu" else None
+    if compiled is not None:
+        try:
+            return compiled(strategy, *args)
+        except Exception as err:  # noqa: BLE001 - any compile failure: fall back to the same computation, eager
+            _compiled["failed"] = True
+            log.warning("the FedTSA iteration did not compile (%s: %s); running it eagerly (%s=0 skips compiling)",
+                        type(err).__name__, str(err).splitlines()[0] if str(err) else "", COMPILE_ENV)
+    return strategy._iteration(*args)
+
 
 class FedTSA(Scheduled, Strategy):
     """W_t = the spatial attention of a TS-Block over the last T indicator steps, trained with L_tsa (Eq. 18).
@@ -296,6 +346,8 @@ class FedTSA(Scheduled, Strategy):
         self._plan: Optional[IndicatorMemory] = None  # the memory as the planned steps will leave it
         self._pending: Dict[int, Tuple[torch.Tensor, Future]] = {}  # step -> (planned window, its round)
         self._submit: Optional[Callable[..., Future]] = None
+        self._worker_copy: Optional["FedTSA"] = None  # what a server worker gets (``_worker``)
+        self.compiled = compile_wanted(None)  # iterations through ``torch.compile`` (``run_iteration``)
 
     # ------------------------------------------------------------------ engine interface
 
@@ -346,6 +398,7 @@ class FedTSA(Scheduled, Strategy):
         if not self.lookahead:
             return
         self._submit = submit
+        self._warm_compiled(uploads["indicator"][0])
         for i, step in enumerate(steps):
             self._ahead[int(step)] = (uploads["indicator"][i], present[i])
         self._start([int(step) for step in steps])
@@ -369,10 +422,40 @@ class FedTSA(Scheduled, Strategy):
         if batch:
             self._submit_batch(batch)
 
+    def expect_rounds(self, rounds: int) -> None:
+        """Compile the iteration when the run is long enough for the compile to pay (``compile_wanted``)."""
+        self.compiled = compile_wanted(rounds) and self.trained and self.server_steps > 0
+        self._worker_copy = None
+
+    def _warm_compiled(self, indicators: torch.Tensor) -> None:
+        """With ``compiled`` on: compile the iteration in this process before the first round goes to a server
+        worker, on windows of one and two steps (the second shape makes the graph dynamic in the window length), so
+        that forked workers start with the compiled graph instead of each compiling its own. One iteration each,
+        results discarded; a no-op once done in this process."""
+        if not self.compiled or indicators.device.type != "cpu" or _compiled.get("warm") \
+                or compiled_iteration() is None:
+            return
+        warm = copy.copy(self._worker())
+        warm.server_steps = 1
+        for t in (1, 2):
+            warm._rounds(indicators.expand(1, t, *indicators.shape).contiguous(), [0])
+        _compiled["warm"] = True
+
+    def _worker(self) -> "FedTSA":
+        """This strategy's parameters without its run's state (memory, plan, pending rounds, the pool's submit):
+        what ``_rounds`` reads, and all that goes to a server worker process (pickled once per job, a few hundred
+        bytes beside the windows)."""
+        if self._worker_copy is None:
+            worker = copy.copy(self)
+            worker.memory, worker.block, worker.last_diagnostics = IndicatorMemory(self.window), None, None
+            worker._ahead, worker._plan, worker._pending, worker._submit, worker._worker_copy = {}, None, {}, None, None
+            self._worker_copy = worker
+        return self._worker_copy
+
     def _submit_batch(self, batch: Sequence[Tuple[int, torch.Tensor]]) -> None:
         """Submit the rounds of ``batch`` [(step, window)] as one job; each step's entry points into its result."""
         steps = [step for step, _ in batch]
-        future = self._submit(self._rounds, torch.stack([window for _, window in batch]), steps)
+        future = self._submit(self._worker()._rounds, torch.stack([window for _, window in batch]), steps)
         for i, (step, window) in enumerate(batch):
             self._pending[step] = (window, future, i)
 
@@ -420,6 +503,7 @@ class FedTSA(Scheduled, Strategy):
         self._plan = None
         if not keep_ahead:
             self._ahead.clear()
+            self._submit = None  # the pool it belonged to may be gone (the next plan_rounds hands a new one)
 
     # ------------------------------------------------------------------ the server round
 
@@ -506,8 +590,8 @@ class FedTSA(Scheduled, Strategy):
         losses = np.zeros((3, steps))
         loss_log = []  # per iteration: (loss, regularization, robustness), kept on the device
         for it in range(steps):
-            loss, loss_reg, loss_rob, out, masks = self._iteration(
-                block, x, indicator_mask, None if predrawn else generators[0],
+            loss, loss_reg, loss_rob, out, masks = run_iteration(
+                self, block, x, indicator_mask, None if predrawn else generators[0],
                 None if temporal_u is None else temporal_u[it], None if spatial_u is None else spatial_u[it])
             loss_log.append(torch.stack([loss, loss_reg, loss_rob]).detach())
             if self.select == "best" and not batched:

@@ -124,6 +124,24 @@ def study_runs(only_cached: bool = True, clients: Sequence[str] = tuple(CLIENTS)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+PLAN_ORDER = (("niid", ("local", "fedavg", "fedtsa", "fedctta")), ("niid", ("pfedgraph",)),
+              ("iid", ("local", "fedavg", "fedtsa", "fedctta")), ("iid", ("pfedgraph",)))
+
+
+def plan_in_order(clients: Sequence[str] = tuple(CLIENTS)) -> None:
+    """Ask for every run of the study in the order a CPU budget should spend them (``PLAN_ORDER``): NIID before
+    IID, the Table 1 strategies before pFedGraph, one client's three seeds complete before the next client's (a
+    client's verdicts need ``stats.MIN_SEEDS`` paired seeds), the check cell last. With ``$FTTA_PLAN`` set this
+    appends the missing runs to the plan in that order; the set of runs is ``study_runs``'s."""
+    period = chosen_reset(reset_selection(only_cached=False))
+    for setting, strategies in PLAN_ORDER:
+        for client in clients:
+            if client == "reset" and period is None:
+                continue
+            _grid(client_config(client, setting, reset_every=period), strategies, SEEDS, only_cached=False)
+    study_runs(only_cached=False, clients=clients)  # the check cell (and anything the order above left out)
+
+
 def _by_seed(runs: pd.DataFrame, client: str, strategy: str) -> pd.Series:
     here = runs[(runs.client == client) & (runs.strategy == strategy)]
     return here.set_index("seed")["accuracy"]
@@ -263,8 +281,7 @@ def plan_and_run(workers: int, plan: Path) -> int:
     def once() -> int:
         os.environ["FTTA_PLAN"] = str(plan)
         try:
-            reset_selection(only_cached=False)
-            study_runs(only_cached=False)
+            plan_in_order()
         finally:
             os.environ.pop("FTTA_PLAN", None)
         if not plan.exists():
@@ -288,6 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 __all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "client_config", "reset_selection",
-           "chosen_reset", "study_runs", "gains_table", "best_table", "cost_table", "reading", "gains_figure", "board",
+           "chosen_reset", "study_runs", "plan_in_order", "PLAN_ORDER", "gains_table", "best_table", "cost_table",
+           "reading", "gains_figure", "board",
            "board_figure",
            "plan_and_run", "main"]
