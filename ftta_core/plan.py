@@ -1,8 +1,9 @@
 """Plan the missing runs of a grid: the plan file (``plan_runner`` runs its jobs in worker processes, ``ray_plan`` on
 a Ray cluster).
 
-A notebook or ``study fedtsa table`` run with ``FTTA_PLAN=FILE`` set runs nothing: every grid call (``run_grid``,
-``run_strategy_grid``) appends the runs it lacks to ``FILE`` (JSON lines) and returns the stored ones.
+A notebook or ``study fedtsa table`` run with ``FTTA_PLAN=FILE`` set runs nothing: every grid call that keeps its
+summaries in a folder (``grid.run`` with a ``grid.SummaryStore``: ``workbook.run_grid``, ``run_strategy_grid``, ...)
+appends the runs it lacks to ``FILE`` (JSON lines) and returns the stored ones.
 ``python -m ftta_core run-plan FILE --workers N`` (``plan_runner.run_plan``) then executes the planned jobs, ``N`` at a time, each storing its
 summary under its config hash exactly where the grid call looks for it; re-running the notebook reads them back.
 

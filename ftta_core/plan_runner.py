@@ -1,7 +1,8 @@
 """Run a plan's jobs (``plan.read_plan``) in parallel worker processes: ``python -m ftta_core run-plan FILE``.
 
-Each job runs through the grid that planned it (``workbook.run_grid`` / ``run_strategy_grid``), so its summary is
-stored exactly where that grid looks for it; ``ray_plan`` runs the same jobs as Ray tasks.
+Each job runs through the grid runner that planned it (``grid.run`` with a ``grid.SummaryStore``: one shared pass for
+a job with strategies, else the run alone), so its summary is stored exactly where that grid looks for it;
+``ray_plan`` runs the same jobs as Ray tasks.
 
 Workers are spawned processes that each take one job at a time (``WorkerPool``). A worker that dies while running
 a job (killed, out of memory, ``os._exit``) loses only that job: a new worker replaces it and the job is run again,
@@ -25,29 +26,31 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence
 
 from .experiment import ExperimentConfig
 from .plan import PLAN_ENV, PlannedJob, results_path
+from . import grid
 from .progress import progress_bar
 from .runstore import RunInUse
-from .workbook import run_grid, run_strategy_grid, stored_path
+from .variants import strategy_variants
 
 
 def pending_runs(job: PlannedJob) -> int:
     """How many of the job's runs its grid would run now (not stored, or stale under ``FTTA_RERUN_STALE``)."""
     cfg = ExperimentConfig.from_dict(job.config)
     configs = [dataclasses.replace(cfg, strategy=s, strategy_params={}) for s in job.strategies] or [cfg]
-    return sum(stored_path(c, results_path(job)) is None for c in configs)
+    return sum(grid.stored_path(c, results_path(job)) is None for c in configs)
 
 
 def run_job(job: PlannedJob) -> Dict[str, Any]:
-    """Run one planned job through the grid that planned it (``run_strategy_grid`` for a shared pass, else
-    ``run_grid``), so it is stored exactly as that grid stores runs; returns what it ran and how long it took."""
+    """Run one planned job through the grid runner that planned it (``grid.run`` into the job's results folder: its
+    strategies in one shared pass, or its config alone), so it is stored exactly as that grid stores runs; returns
+    what it ran and how long it took."""
     cfg = ExperimentConfig.from_dict(job.config)
-    results = results_path(job)
+    store = grid.SummaryStore(results_path(job))
     ran = pending_runs(job)
     t0 = time.perf_counter()
     if job.strategies:
-        run_strategy_grid(cfg, list(job.strategies), [cfg.seed], results_dir=results, progress=False)
+        grid.run(cfg, strategy_variants(job.strategies), [cfg.seed], store, shared_pass=1, progress=False)
     else:
-        run_grid(cfg, {cfg.strategy: {}}, [cfg.seed], results_dir=results, progress=False)
+        grid.run(cfg, {cfg.strategy: {}}, [cfg.seed], store, progress=False)
     return {"job": job.describe(), "runs": ran, "seconds": round(time.perf_counter() - t0, 1)}
 
 

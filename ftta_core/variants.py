@@ -7,14 +7,16 @@ lives in a ``Variant``: ``overrides`` (the ``ExperimentConfig`` fields it sets, 
 config hash of the plain run). A grid's tidy table gets one column per factor from ``with_factors``; no code parses
 a label to recover a parameter (``tests/test_variants.py`` greps the studies and notebooks for that).
 
-The grid runners (``workbook.run_grid``, ``stored_summaries``, the studies' live grids) take a ``Variant`` or a
-plain mapping of overrides where a variant is expected (``overrides_of``).
+The grid runner (``grid.run``, behind ``workbook.run_grid``, ``stored_summaries`` and the studies' live grids) takes
+a ``Variant`` or a plain mapping of overrides where a variant is expected (``overrides_of``), and adds the factor
+columns itself. ``strategy_variant`` builds the variant of one strategy with its parameters (which may hold live
+objects, e.g. a tensor: such a variant runs in memory, ``grid.MemoryStore``).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import pandas as pd
 
@@ -39,6 +41,20 @@ class Variant:
 
     def keys(self):  # noqa: D102 -- with __getitem__: dict(variant) and **variant give the overrides
         return self.overrides.keys()
+
+
+def strategy_variant(strategy: str, params: Optional[Mapping[str, Any]] = None,
+                     config: Optional[Mapping[str, Any]] = None,
+                     factors: Optional[Mapping[str, Any]] = None) -> Variant:
+    """The variant that runs ``strategy`` with ``params`` (its ``strategy_params``; none: its defaults) and sets the
+    config fields ``config``, with ``factors``."""
+    return Variant({**dict(config or {}), "strategy": strategy, "strategy_params": dict(params or {})},
+                   dict(factors or {}))
+
+
+def strategy_variants(strategies: Sequence[str]) -> Dict[str, Variant]:
+    """One variant per strategy at its defaults, labelled by the strategy's name (no factors)."""
+    return {s: strategy_variant(s) for s in strategies}
 
 
 def overrides_of(variant: Any) -> Dict[str, Any]:
@@ -69,4 +85,5 @@ def with_factors(table: pd.DataFrame, variants: Mapping[str, Any], on: str = "va
     return table.join(factors, on=on)
 
 
-__all__ = ["Variant", "factor_table", "factors_of", "overrides_of", "with_factors"]
+__all__ = ["Variant", "factor_table", "factors_of", "overrides_of", "strategy_variant", "strategy_variants",
+           "with_factors"]

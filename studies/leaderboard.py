@@ -1,8 +1,9 @@
 """One leaderboard across methods: every local TTA method x every strategy on one protocol, with seed spread.
 
 Each cell is a run of ``base`` with that local method (its settings from ``local_settings``) and strategy (its
-defaults), for every seed; runs are stored under ``results_dir`` like every grid of the workbook (``run_grid``; runs of the same configs stored elsewhere are read with ``also_read``), so
-a leaderboard fills in as runs are added and a rerun reads what is stored. The table gives mean, standard deviation,
+defaults), for every seed; runs are stored under ``results_dir`` like every grid (``grid.run`` with a
+``grid.SummaryStore``, through ``workbook.strategy_comparison``; runs of the same configs stored elsewhere are read
+with ``also_read``), so a leaderboard fills in as runs are added and a rerun reads what is stored. The table gives mean, standard deviation,
 the number of seeds and a 95% confidence half-width (Student t over seeds, ``stats.t_half_width``); the gains
 over ``local`` are paired by seed and read by ``stats.comparison``.
 """

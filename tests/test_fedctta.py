@@ -335,13 +335,13 @@ def test_study_variants_carry_their_parameters_as_factors():
     t4 = table4_variants(torch.rand(2, 3, 16, 16))
     for cell in TABLE4_CELLS:
         v = t4["/".join(cell)]
-        assert tuple(v.factors.values()) == cell and (v.params["on"], v.params["distance"]) == cell[1:]
+        assert tuple(v.factors.values()) == cell and (v["strategy_params"]["on"], v["strategy_params"]["distance"]) == cell[1:]
     assert t4["local"].factors == {} == t4["fedavg"].factors
     assert interval_variants([3])["interval 3"].factors == {"interval": 3}
     hot = temperature_variants([3], "eval mode / ", probe_bn="eval")["eval mode / temperature 3"]
-    assert hot.factors == {"temperature": 3.0} and hot.params == {"probe_bn": "eval", "temperature": 3.0}
+    assert hot.factors == {"temperature": 3.0} and hot["strategy_params"] == {"probe_bn": "eval", "temperature": 3.0}
     batch = batch_size_variants([30], 60, ("fedavg",))["fedavg / batch 30"]
-    assert batch.factors == {"strategy": "fedavg", "batch": 30} and batch.config["batch_size"] == 30
+    assert batch.factors == {"strategy": "fedavg", "batch": 30} and batch["batch_size"] == 30 and batch["strategy"] == "fedavg"
 
 
 def test_grid_parameters_come_from_the_factors_whatever_the_labels_say():

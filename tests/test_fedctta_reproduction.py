@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from ftta_core.experiment import ExperimentConfig, run_experiment
-from studies.fedctta.study import (TABLE4_CELLS, Variant, batch_size_variants, build_variant, cluster_groups,
-                                     distance_contrast, fedctta_round, heterogeneity_reading, live_grid, reading,
-                                     run_live, split_table4, table4_variants)
+from ftta_core.grid import run_live
+from studies.fedctta.study import (TABLE4_CELLS, Variant, batch_size_variants, cluster_groups, distance_contrast,
+                                     fedctta_round, heterogeneity_reading, live_grid, reading, split_table4,
+                                     table4_variants)
 from studies.fedctta.tables import beside_fedctta_table1, beside_fedctta_table4
 from studies.fedtsa.table1 import missing_table1_runs, stored_table1_runs, table1_config
 from studies.paper import paper_table
@@ -247,7 +248,7 @@ def tiny_cfg() -> ExperimentConfig:
 def test_run_live_equals_run_experiment(tiny_cfg):
     for name in ("fedavg", "fedctta"):
         cfg = dataclasses.replace(tiny_cfg, strategy=name)
-        live = run_live(cfg, build_variant(cfg, Variant(name)))
+        live = run_live(cfg)  # its strategy built from the config, seeded from the run's seed
         ref = run_experiment(cfg)
         assert live.summary["accuracy"] == pytest.approx(ref.summary["accuracy"])
         np.testing.assert_allclose(live.collaboration, ref.collaboration, atol=1e-6)
@@ -275,9 +276,9 @@ def test_live_grid_variants_and_groups(tiny_cfg):
     assert distance_contrast(d, {"a": [0, 1], "b": [2, 3]}) == {"within": 2.0, "across": 5.0}
     variants = table4_variants(torch.rand(3, 3, 16, 16))
     assert len(variants) == len(TABLE4_CELLS) + 2
-    assert variants["clean_images/logits/kl"].params["probe_images"].shape == (3, 3, 16, 16)
-    assert batch_size_variants([5, 10], 20, ("fedctta",))["fedctta / batch 10"].config == \
-        {"batch_size": 10, "slot_steps": 2}
+    assert variants["clean_images/logits/kl"]["strategy_params"]["probe_images"].shape == (3, 3, 16, 16)
+    assert batch_size_variants([5, 10], 20, ("fedctta",))["fedctta / batch 10"].overrides == \
+        {"batch_size": 10, "slot_steps": 2, "strategy": "fedctta", "strategy_params": {}}
     keep = {k: variants[k] for k in ("random_noise/logits/euclidean", "clean_images/features/cosine", "local")}
     grid = live_grid(tiny_cfg, keep, [0])
     assert list(grid.variant) == list(keep) and grid.accuracy.between(0, 100).all()

@@ -12,7 +12,7 @@ import nbformat
 import numpy as np
 import pytest
 
-from ftta_core import notebooks, plan, plan_runner, progress, workbook
+from ftta_core import grid, notebooks, plan, plan_runner, progress, workbook
 from ftta_core.data import load_dataset
 from ftta_core.data.cache import cached_arrays
 from ftta_core.experiment import ExperimentConfig
@@ -74,7 +74,7 @@ def test_notebook_kernels_run_quiet_and_encrypted(papermill_calls, monkeypatch, 
 
 @pytest.fixture
 def counted_bars(monkeypatch):
-    """Every bar ``progress_bar`` makes in workbook and plan, shown (so it counts) and kept for inspection."""
+    """Every bar ``progress_bar`` makes in the grid runner and plan, shown (so it counts) and kept for inspection."""
     bars = []
 
     def keep(*args, **kwargs):
@@ -82,7 +82,7 @@ def counted_bars(monkeypatch):
         return bars[-1]
 
     monkeypatch.setenv(PROGRESS_ENV, "1")
-    monkeypatch.setattr(workbook, "progress_bar", keep)
+    monkeypatch.setattr(grid, "progress_bar", keep)
     monkeypatch.setattr(plan_runner, "progress_bar", keep)
     return bars
 

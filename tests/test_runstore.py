@@ -342,33 +342,33 @@ def test_the_recorded_commit_follows_head_within_one_process(tmp_path, monkeypat
 
 @pytest.mark.usefixtures("certified_as_is")
 def test_a_resumable_run_left_by_other_code_is_made_again_not_resumed_or_read_back(tmp_path, monkeypatch):
-    """``workbook.resumable_run``: a run left in the folder (here a finished one, not yet collected) is read back only
+    """``grid.resumable_run``: a run left in the folder (here a finished one, not yet collected) is read back only
     while the code that made it is unchanged; otherwise, or when its code was not recorded, it is cleared and made
     again; a run during which the code changed is stored nowhere."""
-    import ftta_core.workbook as workbook
+    import ftta_core.grid as grid
 
     cfg = ExperimentConfig(**SMALL, local="bn", strategy="fedavg", seed=0, smoke=True)
     folder = tmp_path / "partial"
-    first = workbook.resumable_run(cfg, folder)
-    mark = json.loads((folder / workbook.CODE_MARK).read_text())
+    first = grid.resumable_run(cfg, folder)
+    mark = json.loads((folder / grid.CODE_MARK).read_text())
     assert mark["units"] == code_record("bn", "fedavg", cfg)["units"]
     summary = folder / "summary.json"
     stamp = summary.stat().st_mtime_ns
-    again = workbook.resumable_run(cfg, folder)  # same code: read back, not run again
+    again = grid.resumable_run(cfg, folder)  # same code: read back, not run again
     assert summary.stat().st_mtime_ns == stamp and again.summary["accuracy"] == first.summary["accuracy"]
     mark["units"]["strategies.basic"] = 0  # as if FedAvg's version changed since
-    (folder / workbook.CODE_MARK).write_text(json.dumps(mark))
-    workbook.resumable_run(cfg, folder)
+    (folder / grid.CODE_MARK).write_text(json.dumps(mark))
+    grid.resumable_run(cfg, folder)
     assert summary.stat().st_mtime_ns != stamp  # made again
     assert run_status(read_summary(summary)) == "current"
     stamp = summary.stat().st_mtime_ns
-    (folder / workbook.CODE_MARK).unlink()  # a run whose code was never recorded
-    workbook.resumable_run(cfg, folder)
-    assert summary.stat().st_mtime_ns != stamp and (folder / workbook.CODE_MARK).exists()
+    (folder / grid.CODE_MARK).unlink()  # a run whose code was never recorded
+    grid.resumable_run(cfg, folder)
+    assert summary.stat().st_mtime_ns != stamp and (folder / grid.CODE_MARK).exists()
     fresh = tmp_path / "changed"
-    monkeypatch.setattr(workbook, "stale_modules", lambda record: ["ftta_core.strategies.basic:FedAvg"])
+    monkeypatch.setattr(grid, "stale_modules", lambda record: ["ftta_core.strategies.basic:FedAvg"])
     with pytest.raises(RunStoreError, match="the code changed while the run ran"):
-        workbook.resumable_run(cfg, fresh)
+        grid.resumable_run(cfg, fresh)
 
 
 def test_a_run_killed_after_its_last_commit_resumes_to_the_same_summary(tmp_path, monkeypatch, reference):

@@ -1,28 +1,29 @@
 """FedCTTA reproduction helpers: run strategy objects live on a small stream, and the ablation grids of Table IV
 (probe data x statistic x distance) and Fig. 5 (aggregation interval, batch size).
 
-``run_live`` is ``run_experiment`` for a strategy *object* (e.g. FedCTTA with a tensor of clean probe images, which
-a config cannot hold); ``live_grid`` runs named variants over seeds, builds each stream once per config and gives each
-variant's typed parameters (its ``factors``) as columns: the names are display labels only, never parsed.
+A variant here (``Variant``: ``variants.strategy_variant``) is a strategy with parameters that may hold live objects
+(e.g. FedCTTA with a tensor of clean probe images, which no stored file can hold); ``live_grid`` runs such variants
+over seeds in memory (``grid.run`` with a ``grid.MemoryStore``: ``grid.run_live`` on one stream per config and seed)
+and gives each variant's typed parameters (its ``factors``) as columns: the names are display labels only, never
+parsed.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ftta_core.build import build_run
-from ftta_core.experiment import ExperimentConfig, Results, build_stream, resolve_device, strategy_params
+from ftta_core import grid
+from ftta_core.experiment import ExperimentConfig
+from ftta_core.grid import run_live  # noqa: F401  (this module's name for it before grid)
 from ftta_core.rng import numpy_generator
 from ftta_core.stats import comparison_phrase
-from ftta_core.stream import Stream
-from ftta_core.strategies import build_strategy
-from ftta_core.strategies.base import Strategy
-from ftta_core.variants import with_factors
+from ftta_core.variants import Variant as GridVariant
+from ftta_core.variants import strategy_variant
 
 if TYPE_CHECKING:
     from ftta_core.loop import Engine, StepResult
@@ -35,15 +36,9 @@ TABLE4_CELLS = [(probes, "logits", d) for probes in ("random_noise", "clean_imag
                [(probes, "features", d) for probes in ("random_noise", "clean_images") for d in ("euclidean", "cosine")]
 
 
-@dataclass
-class Variant:
-    """One live run's setup: a strategy (registry name + parameters, which may hold tensors), config overrides and
-    the study's typed parameters of it (``factors``: what ``live_grid`` gives as columns; never read from a label)."""
-
-    strategy: str
-    params: Dict[str, Any] = field(default_factory=dict)
-    config: Dict[str, Any] = field(default_factory=dict)
-    factors: Dict[str, Any] = field(default_factory=dict)
+# a live run's variant: Variant(strategy, params, config, factors), e.g. Variant("fedctta", {"probe_images": images},
+# factors={"probes": "clean_images"}); the study's name for ``variants.strategy_variant``
+Variant = strategy_variant
 
 
 def clean_probe_images(dataset: str, m: int = 64, seed: int = 0) -> torch.Tensor:
@@ -53,22 +48,6 @@ def clean_probe_images(dataset: str, m: int = 64, seed: int = 0) -> torch.Tensor
     base = load_dataset(dataset, "train")
     idx = numpy_generator(seed, "fedctta-clean-probes").choice(len(base), size=m, replace=False)
     return base.tensors(np.sort(idx))[0]
-
-
-def run_live(cfg: ExperimentConfig, strategy: Strategy, stream: Optional[Stream] = None) -> Results:
-    """Run ``cfg`` with a strategy object (no files): the tidy steps table, W over time and a short summary. Built
-    by ``build_run`` like ``run_experiment``: the same config gives the same table and W."""
-    with build_run(cfg, stream=stream, strategy=strategy) as run:
-        recorder = run.recorder()
-        for t in run.steps():
-            recorder.add(run.engine.step(run.stream.batch(t)))
-        recorder.close_slot()
-    table = recorder.table()
-    n = table["n"].sum()
-    summary = {f"accuracy{suffix}": 100 * table[f"correct_{kind}"].sum() / n
-               for suffix, kind in (("", "mixed"), ("_local", "local"), ("_source", "source"))}
-    summary["absent_uploads"] = int(table["absent"].sum())
-    return Results(table, recorder.collaboration(), {**summary, "steps": run.n_steps, "strategy": strategy.name})
 
 
 @dataclass
@@ -115,56 +94,18 @@ def cluster_groups(domain_map: np.ndarray) -> Dict[str, List[int]]:
     return {f"clients {','.join(map(str, m))}": m for m in groups.values()}
 
 
-def build_variant(cfg: ExperimentConfig, variant: Variant) -> Strategy:
-    """The variant's strategy, seeded from the run's seed unless its parameters give one."""
-    seeded = strategy_params(dataclasses.replace(cfg, strategy=variant.strategy, strategy_params={}))
-    return build_strategy(variant.strategy, **{**seeded, **variant.params})
-
-
-def _variant_key(cfg: ExperimentConfig, variant: Variant) -> tuple:
-    """(config hash, parameters that differ from the strategy's defaults; tensors by identity)."""
-    import inspect
-
-    from ftta_core.strategies import STRATEGIES
-    from ftta_core.workbook import config_key
-
-    defaults = {k: p.default for k, p in inspect.signature(STRATEGIES[variant.strategy]).parameters.items()}
-    params = tuple(sorted((k, ("tensor", id(v)) if isinstance(v, torch.Tensor) else v)
-                          for k, v in variant.params.items()
-                          if isinstance(v, torch.Tensor) or k not in defaults or defaults[k] != v))
-    return config_key(dataclasses.replace(cfg, strategy=variant.strategy, strategy_params={})), params
-
-
-def live_grid(base: ExperimentConfig, variants: Mapping[str, Variant], seeds: Sequence[int],
+def live_grid(base: ExperimentConfig, variants: Mapping[str, GridVariant], seeds: Sequence[int],
               cache: Optional[Dict[tuple, dict]] = None) -> pd.DataFrame:
-    """Run every variant for every seed (streams built once per config and seed); one row per run: accuracies,
-    W's mean self-weight (diagonal over steps and clients) and one column per factor of the variants (``with_factors``;
-    NaN where a variant lacks that factor).
+    """Every variant at every seed, in memory (``grid.run`` with a ``grid.MemoryStore``: streams built once per config
+    and seed); one row per run: accuracies, W's mean self-weight (diagonal over steps and clients) and one column per
+    factor of the variants (NaN where a variant lacks that factor).
 
     With ``cache`` (a dict kept by the caller) a run with the same config, strategy and parameters as one already
     in it is read back instead of run again (e.g. FedCTTA at its defaults in several grids)."""
-    from ftta_core.workbook import config_key
-
-    cache = {} if cache is None else cache
-    streams: Dict[str, Stream] = {}
-    rows = []
-    for seed in seeds:
-        for name, variant in variants.items():
-            cfg = dataclasses.replace(base, **variant.config, seed=seed)
-            key = _variant_key(cfg, variant)
-            if key not in cache:
-                stream_key = config_key(dataclasses.replace(cfg, strategy="local", strategy_params={}))
-                if stream_key not in streams:
-                    streams[stream_key] = build_stream(cfg, resolve_device(cfg.device))
-                res = run_live(cfg, build_variant(cfg, variant), streams[stream_key])
-                cache[key] = {**{k: res.summary[k] for k in ("accuracy", "accuracy_local", "accuracy_source")},
-                              "self weight": float(np.diagonal(res.collaboration, axis1=1, axis2=2).mean())}
-            rows.append({"variant": name, "seed": seed, **cache[key]})
-    grid = pd.DataFrame(rows)
-    return with_factors(grid, variants) if rows else grid
+    return grid.run(base, variants, seeds, grid.MemoryStore(cache))
 
 
-def table4_variants(probe_images: torch.Tensor, baselines: Sequence[str] = ("local", "fedavg")) -> Dict[str, Variant]:
+def table4_variants(probe_images: torch.Tensor, baselines: Sequence[str] = ("local", "fedavg")) -> Dict[str, GridVariant]:
     """FedCTTA for every Table IV cell (named 'probes/statistic/distance', with those factors), plus baseline
     strategies by name (no factors)."""
     out = {}
@@ -188,14 +129,14 @@ def split_table4(grid: pd.DataFrame) -> pd.DataFrame:
     return out[[*TABLE4_FACTORS, "mean", "std", "seeds"]]
 
 
-def interval_variants(intervals: Sequence[int]) -> Dict[str, Variant]:
+def interval_variants(intervals: Sequence[int]) -> Dict[str, GridVariant]:
     """FedCTTA aggregating every k-th step, for each k (Fig. 5a); factor ``interval``."""
     return {f"interval {k}": Variant("fedctta", {"interval": int(k)}, factors={"interval": int(k)})
             for k in intervals}
 
 
 def temperature_variants(temperatures: Sequence[float], prefix: str = "",
-                         **params: Any) -> Dict[str, Variant]:
+                         **params: Any) -> Dict[str, GridVariant]:
     """FedCTTA with W = softmax(-distance / temperature) for each temperature (the paper fixes 1), with further
     FedCTTA ``params`` (e.g. ``probe_bn``, ``ema``); names ``"{prefix}temperature {t}"``, factor ``temperature``."""
     return {f"{prefix}temperature {t:g}": Variant("fedctta", {**params, "temperature": float(t)},
@@ -265,7 +206,7 @@ def distance_contrast(distances: np.ndarray, groups: Mapping[str, Sequence[int]]
 
 
 def batch_size_variants(batch_sizes: Sequence[int], images_per_slot: int,
-                        strategies: Sequence[str] = ("local", "fedavg", "fedctta")) -> Dict[str, Variant]:
+                        strategies: Sequence[str] = ("local", "fedavg", "fedctta")) -> Dict[str, GridVariant]:
     """Each strategy at each batch size (Fig. 5b); a slot keeps ``images_per_slot`` images per client, so larger
     batches mean fewer steps per distribution (the paper's reading of its batch-size curve); factors ``strategy`` and
     ``batch``."""
@@ -440,6 +381,6 @@ def heterogeneity_reading(fig2: Mapping[str, pd.DataFrame]) -> str:
     return "**Fig. 2 (robustness, CIFAR-10-C).** " + "; ".join(parts) + "."
 
 
-__all__ = ["TABLE4_CELLS", "TABLE4_FACTORS", "Variant", "FedCTTARound", "fedctta_round", "cluster_groups", "clean_probe_images", "run_live", "build_variant", "live_grid",
+__all__ = ["TABLE4_CELLS", "TABLE4_FACTORS", "Variant", "FedCTTARound", "fedctta_round", "cluster_groups", "clean_probe_images", "run_live", "live_grid",
            "table4_variants", "split_table4", "interval_variants", "batch_size_variants", "temperature_variants", "distance_contrast", "reading",
            "heterogeneity_reading"]

@@ -30,19 +30,16 @@ def _table(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from ftta_core.plan import PLAN_ENV, plan_file
-    from ftta_core.workbook import run_grid, run_strategy_grid
+    from ftta_core.workbook import strategy_comparison
     from studies.fedtsa.table1 import beside_fedtsa_table1, table1_config, to_markdown
 
     frames = []
     for setting in args.settings:
         base = table1_config(args.dataset, setting, args.tta, device=args.device, model=args.model,
                              backend=args.backend, max_steps=args.max_steps, lr=args.lr)
-        if args.tta == "bn":  # stateless local phase: all strategies of a seed share one pass
-            g = run_strategy_grid(base, args.strategies, args.seeds, results_dir=args.results,
-                                  only_cached=args.only_cached)
-        else:
-            variants = {s: {"strategy": s} for s in args.strategies}
-            g = run_grid(base, variants, args.seeds, results_dir=args.results, only_cached=args.only_cached)
+        # under TTA-bn (a stateless local phase) the strategies of a seed share one pass
+        g = strategy_comparison(base, args.strategies, args.seeds, results_dir=args.results,
+                                only_cached=args.only_cached, progress=True)
         frames.append(g.rename(columns={"variant": "strategy"}).assign(setting=setting))
     grid = pd.concat(frames, ignore_index=True)
     if plan_file() is not None:

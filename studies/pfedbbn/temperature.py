@@ -9,11 +9,12 @@ clients, per label-skew alpha.
 
 The selection rule, fixed before any accuracy is read: on a held-out stream (the same protocol drawn with
 ``HELD_OUT_SEED``, a seed no table reports, cut to its first ``HELD_OUT_STEPS`` rounds), take the setting whose W puts the largest share of each client's
-weight on the *other* clients that see the same corruption at that step (``workbook.same_domain_weight``, averaged
+weight on the *other* clients that see the same corruption at that step (``grid.same_domain_weight``, averaged
 over clients and steps); ties go to the smaller T. Accuracy is then read on the reported seeds.
-Every run is a ``workbook.run_grid`` summary (with ``weight_shares``) under ``RESULTS_DIR``; ``FTTA_PLAN`` plans
-the missing ones for ``run-plan``. A setting is a ``variants.Variant`` whose factors "T" and "scale" become the
-grid's columns (``temperature_grid``); its name (``setting_name``) is for display only and is never read back.
+Every run is a grid summary (``grid.run`` with a ``grid.SummaryStore``; with ``weight_shares``) under
+``RESULTS_DIR``; ``FTTA_PLAN`` plans the missing ones for ``run-plan``. A setting is a ``variants.Variant`` whose
+factors "T" and "scale" become the grid's columns (``temperature_grid``); its name (``setting_name``) is for display
+only and is never read back.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import pandas as pd
 from ftta_core import stats
 from ftta_core.experiment import ExperimentConfig
 from ftta_core.plan import REPO_DIR
-from ftta_core.variants import Variant, factors_of, overrides_of, with_factors
+from ftta_core.variants import Variant, factors_of, overrides_of
 
 TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0)
 SCALES = ("none", "row_median")
@@ -69,7 +70,7 @@ def bbn_base(base: ExperimentConfig, alpha: Optional[float], max_steps: Optional
 
 def temperature_variants(temperatures: Sequence[float] = TEMPERATURES,
                          scales: Sequence[str] = SCALES) -> Dict[str, Variant]:
-    """``run_grid`` variants: pFedBBN at every (T, scale), with factors "T" and "scale"; T = 1 and scale "none" are
+    """Grid variants: pFedBBN at every (T, scale), with factors "T" and "scale"; T = 1 and scale "none" are
     the defaults, left out of ``strategy_params`` (T = 1 with "none" is stored as the default run, found by hash)."""
     out = {}
     for scale in scales:
@@ -96,19 +97,20 @@ def temperature_grid(base: ExperimentConfig, seeds: Sequence[int], alphas: Seque
     unless ``only_cached``; with ``FTTA_PLAN`` set, plans them). ``also_read``: folders of stored runs
     read (never written) when ``results_dir`` lacks one, e.g. the Table 1 grid's BBN alone / FedAvg + BBN.
     ``max_steps``: truncate every run (the held-out stream: ``HELD_OUT_STEPS``)."""
-    from ftta_core.workbook import run_grid
+    from ftta_core import grid
 
     variants = dict(variants if variants is not None else {**temperature_variants(), **reference_variants()})
+    store = grid.SummaryStore(results_dir, also_read)
     frames = []
     for alpha in alphas:
-        grid = run_grid(bbn_base(base, alpha, max_steps), variants, list(seeds), results_dir=Path(results_dir), progress=False,
-                        only_cached=only_cached, also_read=[Path(f) for f in also_read])
-        if len(grid):
-            frames.append(grid.assign(alpha=alpha))
+        runs = grid.run(bbn_base(base, alpha, max_steps), variants, list(seeds), store, only_cached=only_cached,
+                        progress=False)
+        if len(runs):
+            frames.append(runs.assign(alpha=alpha))
     columns = ["alpha", "variant", *FACTORS, "seed", "accuracy", "accuracy_source", *SHARE_COLUMNS]
     if not frames:
         return pd.DataFrame(columns=columns)
-    table = with_factors(pd.concat(frames, ignore_index=True), variants)
+    table = pd.concat(frames, ignore_index=True)  # the factor columns come from the grid
     shares = _stored_shares(base, table, variants, [Path(results_dir), *map(Path, also_read)], max_steps)
     return pd.concat([table, shares], axis=1).reindex(columns=columns)
 
@@ -117,7 +119,7 @@ def _stored_shares(base: ExperimentConfig, table: pd.DataFrame, variants: Mappin
                    folders: Sequence[Path], max_steps: Optional[int] = None) -> pd.DataFrame:
     """The ``weight_shares`` of each row's stored summary (NaN for runs stored before summaries carried them)."""
     from ftta_core.runstore import read_summary
-    from ftta_core.workbook import stored_path
+    from ftta_core.grid import stored_path
 
     rows = []
     for r in table.to_dict("records"):
