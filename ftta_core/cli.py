@@ -17,6 +17,7 @@ import yaml
 
 from .cli_config import (CommandParser, YamlLoader, _yaml_problem, add_config_options, config_values, key_values,  # noqa: F401
                          merge_config)
+from .project import layout
 
 # paper.TTA_SETTINGS' names (kept literal so the parser starts without torch; a test checks they agree)
 TTA_CHOICES = ("bn", "grad", "grad-adam", "grad-running", "grad-running-adam")
@@ -123,6 +124,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def in_results(*parts: str) -> Path:
+    """The project's results folder (``project.layout().results``: ``figures/`` here), or ``parts`` under it, as a
+    default the commands print: relative to the working folder when inside it, else absolute."""
+    path = layout().results.joinpath(*parts)
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
 def _add_runs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the stored runs under folders and whether their code is current",
                        description="Scans run folders, summary files and study records (every layout stored under "
@@ -134,7 +142,8 @@ def _add_runs(sub: argparse._SubParsersAction) -> None:
                                    "unfinished, unreadable, damaged (a file does not match the digest recorded for "
                                    "it), or, for a live record (a Flower run), running or interrupted (its server "
                                    "died: its heartbeat stopped).")
-    p.add_argument("folders", nargs="*", type=Path, default=[Path("figures")])
+    p.add_argument("folders", nargs="*", type=Path, default=None,
+                   help="run folders, summary files' folders (default: the project's results folder, figures/)")
     p.add_argument("--list", choices=["stale", "uncertified", "unfinished", "unreadable", "damaged", "running",
                                       "interrupted", "all"],
                    help="also list the runs with this status")
@@ -206,6 +215,7 @@ def _refused(paths: Sequence[Path], usable, what: str) -> bool:
 def cmd_runs(args: argparse.Namespace) -> int:
     from .runstore import scan_table
 
+    args.folders = args.folders or [in_results()]
     if _refused(args.folders, Path.is_dir, "a folder"):
         return 2
     if args.migrate:
@@ -385,7 +395,8 @@ def cmd_cards(args: argparse.Namespace) -> int:
 
 def _add_gallery(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gallery", help="draw one CIFAR-10 image under all corruptions and severities")
-    p.add_argument("--out", type=Path, default=Path("figures/corruption_gallery.png"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="the image (default: corruption_gallery.png in the project's results folder, figures/)")
     p.add_argument("--index", type=int, default=None, help="CIFAR-10 test image index")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_gallery)
@@ -395,8 +406,9 @@ def cmd_gallery(args: argparse.Namespace) -> int:
     from .plots_gallery import write_gallery
 
     kwargs = {} if args.index is None else {"index": args.index}
-    write_gallery(args.out, seed=args.seed, **kwargs)
-    print(f"wrote {args.out}")
+    out = args.out or in_results("corruption_gallery.png")
+    write_gallery(out, seed=args.seed, **kwargs)
+    print(f"wrote {out}")
     return 0
 
 

@@ -40,7 +40,8 @@ import pandas as pd
 from .build import build_run, build_stream, resolve_device
 from .experiment import ExperimentConfig, Results, build_scenario, identity_of, run_experiment, run_strategies
 from .loop import SharedPassError
-from .plan import REPO_DIR, add_to_plan, plan_file
+from .plan import add_to_plan, plan_file
+from .project import layout
 from .progress import progress_bar, progress_line, progress_wanted
 from .runstore import atomic_write, atomic_write_text, read_summary, stale_modules, store_summary, usable
 from .stream import Stream
@@ -61,10 +62,11 @@ def config_key(cfg: ExperimentConfig) -> str:
 
 def partial_dir(cfg: ExperimentConfig) -> Path:
     """Where a grid keeps an unfinished run (``run_experiment``'s resumable folder) until its summary is stored:
-    ``$FTTA_PARTIAL_DIR/<config hash>``, by default ``runs/partial/`` in the repository (not tracked). A grid
-    interrupted mid-run resumes that run from its last completed slot."""
+    ``$FTTA_PARTIAL_DIR/<config hash>``, by default the project's scratch folder's ``partial/``
+    (``project.layout().partial_runs``: ``runs/partial/`` here, not tracked). A grid interrupted mid-run resumes that
+    run from its last completed slot."""
     root = os.environ.get("FTTA_PARTIAL_DIR")
-    return (Path(root) if root else REPO_DIR / "runs" / "partial") / config_key(cfg)
+    return (Path(root) if root else layout().partial_runs) / config_key(cfg)
 
 
 CODE_MARK = "code.json"  # beside a resumable run: the code record it started with

@@ -14,6 +14,9 @@ Where a run writes (``python -m ftta_core notebooks``):
 Anywhere else (a JupyterLab kernel, plain papermill) a notebook writes no committed figure either: each notebook passes
 its output folders through ``output_folder``, which keeps a folder under ``figures/`` only in the kernels of an
 ``--in-place`` run (``IN_PLACE_ENV``) and otherwise sends it to ``runs/notebooks/<notebook>/figures/<sub>``.
+
+The folders named here are this repository's: the module takes the project's from ``project.layout()`` (its
+``notebooks``, ``results`` and ``scratch`` folders, ``[tool.ftta]`` in the project's ``pyproject.toml``).
 """
 from __future__ import annotations
 
@@ -27,10 +30,11 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from .progress import (PROGRESS_ENV, PROGRESS_FILE_ENV, papermill_progress, progress_line, progress_wanted,
                        relay_progress)
+from .project import layout, layout_aliases
 
-REPO_DIR = Path(__file__).resolve().parent.parent
-NOTEBOOK_DIR = REPO_DIR / "notebooks"
-DEFAULT_OUT_ROOT = REPO_DIR / "runs" / "notebooks"  # runs/ is git-ignored
+# the project's folders (``project.layout()``) under the names this module had for them: its root, its notebooks
+# (``notebooks/`` here) and the default root of the runs' output folders (``runs/notebooks/``, git-ignored)
+__getattr__ = layout_aliases(__name__, REPO_DIR="root", NOTEBOOK_DIR="notebooks", DEFAULT_OUT_ROOT="notebook_runs")
 SMOKE_ENV = "FTTA_SMOKE"
 
 # Parameters-cell names of the folders a notebook writes its figures and tables to (defaults under ../figures). A run
@@ -76,8 +80,8 @@ def smoke_mode(smoke: bool) -> bool:
 
 
 def notebook_paths(names: Sequence[str] = ()) -> List[Path]:
-    """The notebooks named (by file name or stem), or all numbered notebooks in ``notebooks/``."""
-    available = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+    """The notebooks named (by file name or stem), or all numbered notebooks in the project's notebooks folder."""
+    available = sorted(layout().notebooks.glob("[0-9][0-9]_*.ipynb"))
     if not names:
         return available
     by_key = {**{p.stem: p for p in available}, **{p.name: p for p in available}}
@@ -113,9 +117,19 @@ def output_parameters(path: Path) -> Dict[str, tuple]:
     return {**OUTPUT_PARAMETERS, **NOTEBOOK_OUTPUT_PARAMETERS.get(Path(path).stem, {})}
 
 
+def results_from_notebooks() -> PurePosixPath:
+    """The project's results folder as a notebook's parameters name it: relative to the notebooks folder
+    (``../figures`` here)."""
+    lay = layout()
+    return PurePosixPath(Path(os.path.relpath(lay.results, lay.notebooks)).as_posix())
+
+
 def _output_folders(path: Path) -> Dict[str, PurePosixPath]:
-    """``{parameter: default}`` of the notebook's output parameters whose default is a folder under ``../figures``."""
+    """``{parameter: default}`` of the notebook's output parameters whose default is a folder under the results
+    folder (``results_from_notebooks``: ``../figures``)."""
     import papermill as pm
+
+    results = results_from_notebooks().parts
 
     parse_log = logging.getLogger("papermill.translators")  # "Unable to parse line" for parameters it cannot type
     level = parse_log.level
@@ -130,15 +144,16 @@ def _output_folders(path: Path) -> Dict[str, PurePosixPath]:
             default = ast.literal_eval(declared[name]["default"]) if name in declared else None
         except (ValueError, SyntaxError):
             continue
-        if isinstance(default, str) and PurePosixPath(default).parts[:2] == ("..", "figures"):
+        if isinstance(default, str) and PurePosixPath(default).parts[:len(results)] == results:
             out[name] = PurePosixPath(default)
     return out
 
 
 def redirected_outputs(path: Path, out_dir: Path) -> Dict[str, str]:
     """``{parameter: folder}`` sending the notebook's ``../figures/<sub>`` output folders to ``<out_dir>/figures/<sub>``
-    (absolute paths: papermill runs the kernel in ``notebooks/``)."""
-    return {name: str(Path(out_dir).resolve().joinpath("figures", *default.parts[2:]))
+    (the results folder's name and sub-path; absolute paths: papermill runs the kernel in the notebooks folder)."""
+    results = len(results_from_notebooks().parts)
+    return {name: str(Path(out_dir).resolve().joinpath(layout().results.name, *default.parts[results:]))
             for name, default in _output_folders(path).items()}
 
 
@@ -154,31 +169,33 @@ def _link_stores(path: Path, redirected: Dict[str, str]) -> None:
     defaults = _output_folders(path)
     for name, stores in output_parameters(path).items():
         for store in stores if name in redirected else ():
-            _link_store((NOTEBOOK_DIR / defaults[name] / store).resolve(), Path(redirected[name]) / store)
+            _link_store((layout().notebooks / defaults[name] / store).resolve(), Path(redirected[name]) / store)
 
 
 def output_folder(folder: Union[str, Path], notebook: str, parameter: str = "figure_dir") -> Path:
     """Where a notebook writes the figures and tables of its output parameter ``parameter`` (``figure_dir``, ...),
-    whose value is ``folder``: ``folder`` itself, unless it lies under the committed ``figures/`` and this kernel is
-    not one of an ``--in-place`` run (``make figures``): then ``runs/notebooks/<notebook>/figures/<sub>`` (what an
-    interactive JupyterLab kernel or plain papermill writes; never over a committed figure). Stored-run sub-folders
-    of the parameter (``NOTEBOOK_OUTPUT_PARAMETERS``) are linked back to the committed stores, as the runner does."""
-    path = Path(folder)
+    whose value is ``folder``: ``folder`` itself, unless it lies under the project's committed results folder
+    (``figures/``) and this kernel is not one of an ``--in-place`` run (``make figures``): then
+    ``runs/notebooks/<notebook>/figures/<sub>`` (what an interactive JupyterLab kernel or plain papermill writes;
+    never over a committed figure). Stored-run sub-folders of the parameter (``NOTEBOOK_OUTPUT_PARAMETERS``) are
+    linked back to the committed stores, as the runner does."""
+    path, lay = Path(folder), layout()
     try:
-        sub = path.resolve().relative_to((NOTEBOOK_DIR.parent / "figures").resolve())
+        sub = path.resolve().relative_to(lay.results.resolve())
     except ValueError:  # a run folder the runner passed, a temporary folder: written as given
         return path
     if os.environ.get(IN_PLACE_ENV) == "1":
         return path
-    out = DEFAULT_OUT_ROOT / notebook / "figures" / sub
+    out = lay.notebook_runs / notebook / lay.results.name / sub
     for store in output_parameters(Path(notebook)).get(parameter, ()):
         _link_store(path.resolve() / store, out / store)
     return out
 
 
 def default_out_dir(smoke: bool) -> Path:
-    """``runs/notebooks/<YYYYmmdd-HHMMSS>[-smoke]``: a fresh git-ignored folder per run."""
-    return DEFAULT_OUT_ROOT / (time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if smoke else ""))
+    """``runs/notebooks/<YYYYmmdd-HHMMSS>[-smoke]`` (the project's ``notebook_runs``): a fresh git-ignored folder
+    per run."""
+    return layout().notebook_runs / (time.strftime("%Y%m%d-%H%M%S") + ("-smoke" if smoke else ""))
 
 
 def is_smoke_run(smoke: Optional[bool], parameters: Optional[Dict[str, Any]]) -> bool:
@@ -206,6 +223,7 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
     """
     import papermill as pm
 
+    lay = layout()
     params = dict(parameters or {})
     if smoke is not None:
         params["smoke"] = bool(smoke)
@@ -216,10 +234,10 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
         if run_smoke:
             raise ValueError(IN_PLACE_SMOKE_REFUSED)
         params["smoke"] = False  # recorded in metadata.papermill.parameters: the committed notebooks are full runs
-        out = DEFAULT_OUT_ROOT / (time.strftime("%Y%m%d-%H%M%S") + "-in-place")  # staging copies (kept on failure)
+        out = lay.notebook_runs / (time.strftime("%Y%m%d-%H%M%S") + "-in-place")  # staging copies (kept on failure)
     else:
         out = Path(out_dir) if out_dir is not None else default_out_dir(run_smoke)
-        if out.resolve() == NOTEBOOK_DIR.resolve():
+        if out.resolve() == lay.notebooks.resolve():
             raise ValueError(f"--out-dir {out_dir} is the committed notebooks' folder: use --in-place to rewrite them")
 
     paths = notebook_paths(names)
@@ -242,7 +260,7 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
             kernel_env = {**({PROGRESS_FILE_ENV: str(lines.resolve())} if lines else {}),
                           **({IN_PLACE_ENV: "1"} if in_place else {})}
             with kernel_environment(kernel_env), relay_progress(lines):
-                pm.execute_notebook(str(source), str(target), parameters=nb_params, cwd=str(NOTEBOOK_DIR),
+                pm.execute_notebook(str(source), str(target), parameters=nb_params, cwd=str(lay.notebooks),
                                     kernel_name="python3", progress_bar=papermill_progress(path.stem, progress),
                                     config=kernel_config())
         except Exception as e:  # the committed notebook is untouched: only ``target`` was written
@@ -267,9 +285,8 @@ def execute_notebooks(names: Sequence[str] = (), smoke: Optional[bool] = None,
 
 
 def repository_path(path: Path) -> str:
-    """``path`` relative to the repository root (the folder above ``notebooks/``) when it lies inside it, else
-    absolute."""
-    path, root = Path(path).resolve(), NOTEBOOK_DIR.parent.resolve()
+    """``path`` relative to the project's root (``project.layout().root``) when it lies inside it, else absolute."""
+    path, root = Path(path).resolve(), layout().root.resolve()
     return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
 
 
@@ -280,11 +297,12 @@ def _shown_path(path: Path) -> str:
 
 
 def figure_files(out: Path) -> Dict[Path, int]:
-    """``{file: mtime_ns}`` of the figure files (``FIGURE_SUFFIXES``) where notebooks write them: the repository's
-    ``figures/`` and ``runs/`` (``runs/smoke`` in smoke mode) and the output folder ``out``."""
-    root = NOTEBOOK_DIR.parent
+    """``{file: mtime_ns}`` of the figure files (``FIGURE_SUFFIXES``) where notebooks write them: the project's
+    results and scratch folders (``figures/``, ``runs/``: ``runs/smoke`` in smoke mode) and the output folder
+    ``out``."""
+    lay = layout()
     found: Dict[Path, int] = {}
-    for folder in dict.fromkeys(p.resolve() for p in (root / "figures", root / "runs", Path(out))):
+    for folder in dict.fromkeys(p.resolve() for p in (lay.results, lay.scratch, Path(out))):
         for parent, _, files in os.walk(folder):
             for name in files:
                 if name.lower().endswith(FIGURE_SUFFIXES):

@@ -18,8 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .project import layout, layout_aliases
+
 PLAN_ENV = "FTTA_PLAN"
-REPO_DIR = Path(__file__).resolve().parents[1]
+# ``REPO_DIR``: the project's root (``project.layout().root``), kept for the studies that import it
+__getattr__ = layout_aliases(__name__, REPO_DIR="root")
 
 
 @dataclass(frozen=True)
@@ -62,18 +65,19 @@ def add_to_plan(config: Dict[str, Any], results_dir: Path | str, strategies: Seq
 
 
 def _portable(path: Path) -> str:
-    """``path`` relative to the repository when inside it (a plan made here runs in another checkout), else absolute."""
+    """``path`` relative to the project's root when inside it (a plan made here runs in another checkout of the
+    project), else absolute."""
     resolved = path.resolve()
     try:
-        return resolved.relative_to(REPO_DIR).as_posix()
+        return resolved.relative_to(layout().root).as_posix()
     except ValueError:
         return str(resolved)
 
 
 def results_path(job: PlannedJob) -> Path:
-    """The job's results folder; a relative one is inside the repository this package was imported from."""
+    """The job's results folder; a relative one is inside the project's root (``project.layout``)."""
     path = Path(job.results_dir)
-    return path if path.is_absolute() else REPO_DIR / path
+    return path if path.is_absolute() else layout().root / path
 
 
 def read_plan(path: Path | str) -> List[PlannedJob]:

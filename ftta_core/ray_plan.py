@@ -12,8 +12,9 @@ the same paths (one machine, NFS, or a cluster file system); nothing is sent bac
   others; a job whose worker died is retried by Ray up to ``retries`` times (``--retries``, default 1: the task's
   ``max_retries``; an exception the job raised is not retried, as in local workers); re-running the command runs a
   failed job again;
-- the workers get this checkout first on ``PYTHONPATH`` and every ``FTTA_*`` variable of the driver but
-  ``FTTA_PLAN`` (plugins, data root, partial-run folder...) through the task's ``runtime_env``.
+- the workers get this checkout first on ``PYTHONPATH``, the driver's project (``$FTTA_PROJECT_ROOT``,
+  ``ftta_core.project``) and every ``FTTA_*`` variable of the driver but ``FTTA_PLAN`` (plugins, data root,
+  partial-run folder...) through the task's ``runtime_env``.
 
 ``LocalCluster`` starts a throw-away cluster (a head and worker nodes on 127.0.0.1, each its own process group) for
 the tests and ``benchmarks/ray_plan.py``, and on exit ends exactly the processes it started.
@@ -36,18 +37,25 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .plan import PLAN_ENV, REPO_DIR, PlannedJob
+from .plan import PLAN_ENV, PlannedJob
 from .plan_runner import _init_worker, _run_before, pending_runs, run_plan
+from .project import LIBRARY_CHECKOUT, PROJECT_ENV, layout
 
 RAY_BIN = Path(sys.executable).with_name("ray")
 
 
 def worker_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The variables a Ray worker needs to run our jobs as a local worker would: this checkout first on
-    ``PYTHONPATH`` and the driver's ``FTTA_*`` variables but ``FTTA_PLAN`` (a running plan never plans again)."""
+    """The variables a Ray worker needs to run our jobs as a local worker would: the project's root and the folder
+    the package was imported from first on ``PYTHONPATH`` (one entry when they are the same checkout), the
+    driver's project as ``$FTTA_PROJECT_ROOT`` (a worker may start in any folder: the plan's relative results
+    folders are the driver's project's) and the driver's ``FTTA_*`` variables but ``FTTA_PLAN`` (a running plan
+    never plans again)."""
     environ = os.environ if environ is None else environ
+    root = layout().root
     env = {k: v for k, v in environ.items() if k.startswith("FTTA_") and k != PLAN_ENV}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_DIR), *filter(None, [environ.get("PYTHONPATH")])])
+    env[PROJECT_ENV] = str(root)
+    first = dict.fromkeys([str(root), str(LIBRARY_CHECKOUT)])
+    env["PYTHONPATH"] = os.pathsep.join([*first, *filter(None, [environ.get("PYTHONPATH")])])
     return env
 
 

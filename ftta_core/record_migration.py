@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from . import runstore
+from .project import LIBRARY_CHECKOUT
 from .runstore import LEGACY_KEY, PACKAGE, RECORD_EXEMPT, definition_hashes, source_hash
-
-REPO_DIR = runstore.PACKAGE_DIR.parent
 
 
 def _function_hashes(source: str) -> Dict[str, str]:
@@ -40,7 +39,7 @@ def _function_hashes(source: str) -> Dict[str, str]:
 class GitSources:
     """Past sources of the package's modules, read from the git history of ``repo`` (cached per module)."""
 
-    def __init__(self, repo: Path = REPO_DIR) -> None:
+    def __init__(self, repo: Path = LIBRARY_CHECKOUT) -> None:
         self.repo = repo
         self._versions: Dict[str, List[str]] = {}
 

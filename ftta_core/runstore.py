@@ -72,6 +72,7 @@ from typing import Any, BinaryIO, Callable, Dict, Iterable, Iterator, List, Mapp
 
 from .codegraph import (MODULE_KEY, PACKAGE, PACKAGE_DIR, UNFOLLOWED, UNRECORDED_NAMES, definition_hashes,  # noqa: F401
                         dependencies, function_hash, module_definitions, module_hash, source_hash)
+from .project import LIBRARY_CHECKOUT
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +367,7 @@ def definition_record_of(roots: Sequence[str], functions: Sequence[str] = ()) ->
 
 def _git_dir() -> Optional[Path]:
     """The checkout's git folder: ``.git``, or the folder a worktree's ``.git`` file points to."""
-    dot_git = PACKAGE_DIR.parent / ".git"
+    dot_git = LIBRARY_CHECKOUT / ".git"
     if dot_git.is_file():
         text = dot_git.read_text().strip()
         return Path(text[len("gitdir:"):].strip()) if text.startswith("gitdir:") else None

@@ -48,10 +48,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .codegraph import definition_hashes, dependencies, is_type_checking_block, module_path
+from .project import LIBRARY_CHECKOUT
 
 PACKAGE = "ftta_core"
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
 LOCK_PATH = PACKAGE_DIR / "units.lock.json"
 LOCK_ENV = "FTTA_UNITS_LOCK"  # another lock file (tests)
 LOCK_FORMAT = 1
@@ -132,8 +132,9 @@ NON_SEMANTIC: Dict[str, frozenset] = {
     "data.registry": frozenset({"loader_module"}),
 }
 # whole modules that belong to no unit: the record keeping itself, progress display, loading plugins (a plugin's
-# methods are recorded by their own modules when they live in the package)
-NON_SEMANTIC_MODULES = frozenset({"runstore", "record_migration", "units", "codegraph", "progress", "plugins"})
+# methods are recorded by their own modules when they live in the package), the project's folders
+NON_SEMANTIC_MODULES = frozenset({"runstore", "record_migration", "units", "codegraph", "progress", "plugins",
+                                  "project"})
 # names never part of a unit: they only tell tools what to export or check
 NON_SEMANTIC_NAMES = frozenset({"__all__", "annotations", "TYPE_CHECKING", "log"})
 
@@ -259,7 +260,7 @@ def oracles_of(unit: str) -> Tuple[str, ...]:
     spec = UNITS.get(unit)
     if spec is not None:
         return spec.oracles
-    own = REPO_DIR / "tests" / f"test_{unit.rsplit('.', 1)[-1]}.py"
+    own = LIBRARY_CHECKOUT / "tests" / f"test_{unit.rsplit('.', 1)[-1]}.py"
     return ENGINE_ORACLES + ((f"tests/{own.name}",) if own.is_file() else ())
 
 
@@ -371,11 +372,11 @@ def run_oracles(names: Sequence[str], python: str = sys.executable) -> subproces
     repository, and return the result."""
     tests: List[str] = []
     for unit in names:
-        tests += [t for t in oracles_of(unit) if (REPO_DIR / t.split("::")[0]).exists() and t not in tests]
+        tests += [t for t in oracles_of(unit) if (LIBRARY_CHECKOUT / t.split("::")[0]).exists() and t not in tests]
     if not tests:
         raise UnitError(f"units {', '.join(names)} have no oracle test in this checkout")
     env = {**os.environ, "FTTA_SMOKE": "1", "MPLBACKEND": "Agg"}
-    return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=REPO_DIR,
+    return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], cwd=LIBRARY_CHECKOUT,
                           env=env, capture_output=True, text=True)
 
 

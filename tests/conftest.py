@@ -67,6 +67,24 @@ def _partial_runs_in_tmp(tmp_path_factory):
 
 
 @pytest.fixture
+def use_project():
+    """``use_project(where)``: make ``where`` (a project root, or an ``ftta_core.project.Layout``) the project whose
+    folders the library uses during the test (``project.use``); returns its layout. The layout of before is restored
+    afterwards."""
+    from ftta_core import project
+
+    replaced = []
+
+    def use(where):
+        replaced.append(project.use(where))
+        return project.layout()
+
+    yield use
+    if replaced:
+        project.use(replaced[0])
+
+
+@pytest.fixture
 def certified_as_is(tmp_path_factory, monkeypatch):
     """A unit lock that certifies today's implementation of every unit (``FTTA_UNITS_LOCK``, also seen by worker
     processes): for tests of the run store, which must not depend on whether the tree's changes are certified yet

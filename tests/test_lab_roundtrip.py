@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import html
 import os
@@ -30,7 +31,7 @@ import pandas as pd
 import pytest
 
 import ftta_core.notebooks as nbrun
-from ftta_core import tables
+from ftta_core import project, tables
 from test_lab import LabServer, lab_server
 from test_notebook_sources import _cells as source_cells
 
@@ -196,10 +197,10 @@ def test_the_kernel_lab_starts_is_the_one_the_notebook_names(checkout):
 
 # ------------------------------------------------------------------------------------- figures of interactive kernels
 @pytest.fixture
-def in_notebooks(monkeypatch, tmp_path) -> Path:
+def in_notebooks(monkeypatch, tmp_path, use_project) -> Path:
     """A kernel's view: the working folder is notebooks/, run folders under a temporary runs/notebooks."""
     monkeypatch.chdir(NOTEBOOKS)
-    monkeypatch.setattr(nbrun, "DEFAULT_OUT_ROOT", tmp_path / "runs" / "notebooks")
+    use_project(dataclasses.replace(project.layout(), scratch=tmp_path / "runs"))
     monkeypatch.delenv(nbrun.IN_PLACE_ENV, raising=False)
     return tmp_path / "runs" / "notebooks"
 
@@ -217,14 +218,13 @@ def test_an_interactive_kernel_writes_figures_to_the_run_folder(in_notebooks, mo
     assert nbrun.output_folder("../figures/fedtsa_table1", "10_fedtsa") == Path("../figures/fedtsa_table1")
 
 
-def test_only_in_place_runs_tell_their_kernels_to_write_figures(monkeypatch, tmp_path):
+def test_only_in_place_runs_tell_their_kernels_to_write_figures(monkeypatch, tmp_path, use_project):
     import papermill
 
     (tmp_path / "notebooks").mkdir()
     for path in (NOTEBOOKS / "00_quickstart.ipynb", NOTEBOOKS / "00_quickstart.py"):
         shutil.copyfile(path, tmp_path / "notebooks" / path.name)
-    monkeypatch.setattr(nbrun, "NOTEBOOK_DIR", tmp_path / "notebooks")
-    monkeypatch.setattr(nbrun, "DEFAULT_OUT_ROOT", tmp_path / "runs" / "notebooks")
+    use_project(tmp_path)  # notebooks/ and runs/notebooks under tmp_path
     monkeypatch.delenv(nbrun.SMOKE_ENV, raising=False)
     monkeypatch.setenv(nbrun.IN_PLACE_ENV, "1")  # set in the shell: never passed on by a run that is not in place
     seen = []

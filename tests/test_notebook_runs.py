@@ -41,16 +41,16 @@ def tracked_snapshot() -> Dict[str, str]:
 
 
 @pytest.fixture
-def checkout(tmp_path, monkeypatch):
-    """A checkout-shaped folder the runner is pointed at: its ``figures`` is the committed figures/ (a link, so any
-    write to ``../figures`` lands in the tracked folder and is caught) and its ``runs/`` is temporary (nothing is
-    written to the real runs/). ``add(name, copy)`` puts a committed notebook in its ``notebooks/``: a link to the
-    committed file, or a copy (for the --in-place tests, so a bug cannot rewrite a committed notebook)."""
+def checkout(tmp_path, monkeypatch, use_project):
+    """A checkout-shaped folder the runner is pointed at (the project, ``use_project``; no pyproject: the default
+    folders): its ``figures`` is the committed figures/ (a link, so any write to ``../figures`` lands in the tracked
+    folder and is caught) and its ``runs/`` is temporary (nothing is written to the real runs/). ``add(name, copy)``
+    puts a committed notebook in its ``notebooks/``: a link to the committed file, or a copy (for the --in-place
+    tests, so a bug cannot rewrite a committed notebook)."""
     root = tmp_path / "checkout"
     (root / "notebooks").mkdir(parents=True)
     (root / "figures").symlink_to(FIGURES, target_is_directory=True)
-    monkeypatch.setattr(nbrun, "NOTEBOOK_DIR", root / "notebooks")
-    monkeypatch.setattr(nbrun, "DEFAULT_OUT_ROOT", root / "runs" / "notebooks")
+    use_project(root)
     monkeypatch.delenv(nbrun.SMOKE_ENV, raising=False)  # `make test` sets FTTA_SMOKE=1
 
     def add(name: str, copy: bool = False) -> Path:

@@ -28,7 +28,7 @@ def test_committed_notebook_ran_its_source(path):
     assert nbformat.read(str(path), as_version=4).metadata["jupytext"]["formats"] == "ipynb,py:percent"
 
 
-def test_the_runner_executes_the_source(tmp_path, monkeypatch):
+def test_the_runner_executes_the_source(tmp_path, monkeypatch, use_project):
     """An edited ``.py`` is what runs, even before the ``.ipynb`` was re-made from it."""
     import papermill
 
@@ -40,7 +40,7 @@ def test_the_runner_executes_the_source(tmp_path, monkeypatch):
     path = tmp_path / "notebooks" / "99_demo.ipynb"
     nbformat.write(nb, str(path))
     path.with_suffix(".py").write_text('# %% tags=["parameters"]\nsmoke = False\n\n# %%\nx = "new"\n')
-    monkeypatch.setattr(nbrun, "NOTEBOOK_DIR", path.parent)
+    use_project(tmp_path)  # the project whose notebooks/ holds the demo
     seen = []
 
     def execute(input_path, output_path, **kwargs):

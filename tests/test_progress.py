@@ -183,7 +183,7 @@ def test_paths_are_printed_relative_to_the_repository_root_and_say_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_notebook_run_shows_each_stage_on_the_runners_terminal(tmp_path, monkeypatch, capsys):
+def test_a_notebook_run_shows_each_stage_on_the_runners_terminal(tmp_path, monkeypatch, capsys, use_project):
     """A real run (00_quickstart in smoke mode, cold data cache) in a checkout-shaped folder: the notebook, each run,
     the data corrupted on first use and the figure reach the runner's stderr, with paths relative to the repository
     root; the executed notebook holds none of those lines and the relay file is gone."""
@@ -191,7 +191,7 @@ def test_a_notebook_run_shows_each_stage_on_the_runners_terminal(tmp_path, monke
     (root / "notebooks").mkdir(parents=True)
     for suffix in (".ipynb", ".py"):
         (root / "notebooks" / f"00_quickstart{suffix}").symlink_to(notebooks.NOTEBOOK_DIR / f"00_quickstart{suffix}")
-    monkeypatch.setattr(notebooks, "NOTEBOOK_DIR", root / "notebooks")
+    use_project(root)  # the project: its notebooks/, and the root paths are shown relative to
     monkeypatch.setenv(PROGRESS_ENV, "1")
     monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path / "cache"))  # first use: the corrupted digits are made
     monkeypatch.delenv(notebooks.SMOKE_ENV, raising=False)
