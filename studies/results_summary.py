@@ -103,10 +103,50 @@ def step_rule_section(results_dir: Path | str = fidelity.RESULTS_DIR) -> str:
     return text
 
 
+# the speed measurements the README states: (results file, what was measured, the issue's target ratio or None)
+SPEED_RESULTS = (("fedtsa_speed_target_cpu.json", "FedTSA TTA-bn, NIID, first 60 steps", 1.5),
+                 ("fedtsa_speed_target_nocache_cpu.json", "the same, source-output cache off", None),
+                 ("fedtsa_speed_target_300_cpu.json", "FedTSA TTA-bn, NIID, first 300 steps (compiled rounds)", None),
+                 ("tent_speed_target_cpu.json", "Tent TTA-grad (running BN, Adam 3e-4, FedAvg), first 30 steps", 1.3))
+PROTOCOL_STEPS = 750
+
+
+def _speed_row(path: Path, what: str, target: Optional[float]) -> str:
+    """One row of ``speed_section`` from a benchmark's results file (``fedtsa_speed_target.py`` or
+    ``tent_speed_target.py``): loop seconds before and after (medians), their ratio, the 750-step projection."""
+    d = json.loads(path.read_text())
+    if "stats" in d:  # fedtsa_speed_target.py
+        old, new = d["stats"]["base"]["loop_s"]["median"], d["stats"]["new"]["loop_s"]["median"]
+        wall = d["ratio_base_over_new"]["wall_s"]["median"]
+        acc = f"{d['accuracy']['base'][0]:.2f} / {d['accuracy']['new'][0]:.2f}"
+        ratio = d["ratio_base_over_new"]["loop_s"]["median"]
+    else:  # tent_speed_target.py: alternated pairs, the median of their ratios
+        old, new = d["summary"]["old_s"], d["summary"]["new_s"]
+        wall, ratio = None, d["summary"]["ratio_median"]
+        acc = f"{d['summary']['accuracy_old']:.2f} / {d['summary']['accuracy_new']:.2f}"
+    met = "" if target is None else (f"target {target}x: {'met' if (wall or ratio) >= target else 'not met'}")
+    minutes = [s / d["steps"] * PROTOCOL_STEPS / 60 for s in (old, new)]
+    return (f"| {what} | {old:.2f} s -> {new:.2f} s | {ratio:.2f}x{f' ({wall:.2f}x wall)' if wall else ''} | "
+            f"{acc} | {minutes[0]:.1f} -> {minutes[1]:.1f} min | {met} | `benchmarks/results/{path.name}` "
+            f"({d['date']}, {d['threads']} threads) |")
+
+
+def speed_section(results: Path = REPO_DIR / "benchmarks" / "results") -> str:
+    """How fast the protocols run on this CPU, from the committed benchmark results (``SPEED_RESULTS``)."""
+    rows = [_speed_row(results / name, what, target) for name, what, target in SPEED_RESULTS
+            if (results / name).is_file()]
+    return ("**Speed on a 2-core CPU** (each faster kernel certified equal to the code before it by a float64 "
+            "oracle; old = commit c9857d8 and new alternated in fresh processes; loop seconds are medians; the "
+            f"{PROTOCOL_STEPS}-step protocol time is projected from the steps measured, ; FedTSA's rounds are "
+            "compiled only in runs of 300 rounds or more, so its 300-step row is the closer projection; commands and levers in `benchmarks/README.md`):\n\n"
+            "| run | loop, old -> new | ratio | accuracy old / new | protocol, old -> new | target | measured |\n"
+            "|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+
+
 def generate(results_dir: Path | str = fidelity.RESULTS_DIR, claims: Optional[pd.DataFrame] = None) -> str:
     """The README's results block (without its markers)."""
     claims = workbook_claims(results_dir) if claims is None else claims
-    return "\n\n".join([source_line(), claims_section(claims), step_rule_section(results_dir)])
+    return "\n\n".join([source_line(), claims_section(claims), step_rule_section(results_dir), speed_section()])
 
 
 def replace_block(text: str, block: str) -> str:
