@@ -137,7 +137,7 @@ def speed_section(results: Path = REPO_DIR / "benchmarks" / "results") -> str:
             if (results / name).is_file()]
     return ("**Speed on a 2-core CPU** (each faster kernel certified equal to the code before it by a float64 "
             "oracle; old = commit c9857d8 and new alternated in fresh processes; loop seconds are medians; the "
-            f"{PROTOCOL_STEPS}-step protocol time is projected from the steps measured, ; FedTSA's rounds are "
+            f"{PROTOCOL_STEPS}-step protocol time is projected from the steps measured; FedTSA's rounds are "
             "compiled only in runs of 300 rounds or more, so its 300-step row is the closer projection; commands and levers in `benchmarks/README.md`):\n\n"
             "| run | loop, old -> new | ratio | accuracy old / new | protocol, old -> new | target | measured |\n"
             "|---|---|---|---|---|---|---|\n" + "\n".join(rows))
