@@ -507,10 +507,14 @@ def uncertified_in(record: Mapping[str, Any]) -> List[str]:
     """The units of a record that are not vouched for: today's implementation is not certified at the unit's
     version (certify it or bump the version), or the implementation the run was made with (``implementation``) is
     not among the certified ones (a run made from uncertified code that was never certified: run it again). A unit
-    whose code cannot be read raises ``UnitError``: a broken checkout is an error to fix, not a stale run."""
+    whose code cannot be read raises ``UnitError``: a broken checkout is an error to fix, not a stale run. A module
+    recorded as a unit but declared non-semantic since (``NON_SEMANTIC_MODULES``, e.g. ``project``, the folders of
+    the project, recorded by runs of 2026-12-03) is skipped: it computes no number."""
     lock = read_lock()
     out = []
     for unit in record.get("units", {}):
+        if unit in NON_SEMANTIC_MODULES:  # declared to compute no numbers after the run recorded it: vouches nothing
+            continue
         name = _resolve(unit, lock)
         made_with = (record.get("implementation") or {}).get(unit)
         certified = lock["units"].get(name, {}).get("certified", [])

@@ -196,3 +196,12 @@ def test_a_new_unit_the_lock_does_not_know_yet_reads_uncertified_not_gone(lock_c
     assert run_status({"code": record}) == "uncertified"
     assert units.recorded_version("no_such_module") is None
     assert stale_modules({"units": {"no_such_module": 1}, "implementation": {}}) == ["no_such_module@1->gone"]
+
+
+def test_a_recorded_module_declared_non_semantic_since_vouches_nothing():
+    """Runs stored while ``project`` (the project's folders) was still read as a unit recorded it; it computes no
+    number, so a record naming it is not uncertified for that."""
+    from ftta_core.units import NON_SEMANTIC_MODULES, uncertified_in
+
+    assert "project" in NON_SEMANTIC_MODULES
+    assert uncertified_in({"units": {"project": 1}, "implementation": {"project": "b6c1e57b3f3fdedc"}}) == []
