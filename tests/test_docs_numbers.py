@@ -29,9 +29,16 @@ CODE_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
 
 
 def _prose_lines(text: str):
-    """(line number, line without its code spans) for every line outside fenced code blocks."""
-    in_block = None
+    """(line number, line without its code spans) for every line outside fenced code blocks and outside a block
+    generated from the stored runs (``studies.results_summary``'s markers; ``tests/test_results_summary.py`` checks
+    that block against the runs)."""
+    in_block, generated = None, False
     for number, line in enumerate(text.splitlines(), 1):
+        if line.startswith("<!-- results:begin"):
+            generated = True
+        if generated:
+            generated = not line.startswith("<!-- results:end")
+            continue
         fence = FENCE.match(line)
         if fence:
             if in_block is None:
@@ -62,7 +69,8 @@ def test_the_pattern_finds_result_numbers_and_leaves_protocol_numbers_and_code()
     found = result_like_numbers("FedTSA +7.73 over Local, -4.74 NIID, \u22122.0; 63.5% vs 35.2 % clean\n"
                                 "5 seeds, 20 clients, Adam 3e-4, 750 steps, severity 5, 2,000 images, 95 % interval\n"
                                 "`accuracy -1.25` in a span, 0.91-0.93\n"
-                                "```\nprint(+3.5, '12.5%')\n```\n")
+                                "```\nprint(+3.5, '12.5%')\n```\n"
+                                "<!-- results:begin (generated) -->\n+9.99 generated\n<!-- results:end -->\n")
     assert [n for _, n in found] == ["+7.73", "-4.74", "\u22122.0", "63.5%", "35.2 %", "-0.93"]
 
 

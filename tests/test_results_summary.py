@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from studies import results_summary
-from studies.results_summary import BEGIN, END, README, generate, replace_block
+from studies.results_summary import BEGIN, END, PAGE, README, generate, generate_page, replace_block
 
 
 def test_readme_results_block_equals_what_the_stored_runs_give_today():
@@ -14,15 +14,23 @@ def test_readme_results_block_equals_what_the_stored_runs_give_today():
     assert replace_block(text, generate()) == text, "README.md's results block is out of date"
 
 
+def test_results_page_block_equals_what_the_stored_runs_give_today():
+    """The step rule's replication and the speed table, generated into docs/results.md (too long for the README)."""
+    text = PAGE.read_text(encoding="utf-8")
+    assert replace_block(text, generate_page()) == text, "docs/results.md's generated block is out of date"
+
+
 def test_replace_block_keeps_everything_around_the_markers_and_check_reports_a_stale_block(tmp_path, monkeypatch):
     text = f"# title\n\nbefore\n{BEGIN}\nold numbers\n{END}\nafter\n"
     assert replace_block(text, "new") == f"# title\n\nbefore\n{BEGIN}\nnew\n{END}\nafter\n"
     readme = tmp_path / "README.md"
     readme.write_text(text, encoding="utf-8")
     monkeypatch.setattr(results_summary, "generate", lambda: "new")
-    assert results_summary.main(["--check", "--readme", str(readme)]) == 1
-    assert results_summary.main(["--readme", str(readme)]) == 0
-    assert results_summary.main(["--check", "--readme", str(readme)]) == 0 and "new" in readme.read_text()
+    page = tmp_path / "none.md"  # absent: only the README is checked
+    assert results_summary.main(["--check", "--readme", str(readme), "--page", str(page)]) == 1
+    assert results_summary.main(["--readme", str(readme), "--page", str(page)]) == 0
+    assert results_summary.main(["--check", "--readme", str(readme), "--page", str(page)]) == 0
+    assert "new" in readme.read_text()
 
 
 def test_claims_section_counts_per_cell_class_and_names_the_moves():
