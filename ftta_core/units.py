@@ -91,7 +91,7 @@ UNITS: Dict[str, Unit] = {u.name: u for u in (
     _unit("ts_block", ["strategies.ts_block"],
           ENGINE_ORACLES + ("tests/test_fedtsa.py", "tests/test_oracle_ts_block.py"),
           "FedTSA's TS-Block and its augmentation masks"),
-    _unit("strategies.fedtsa", ["strategies.fedtsa"],
+    _unit("strategies.fedtsa", ["strategies.fedtsa", "strategies.fedtsa_compiled"],
           ENGINE_ORACLES + ("tests/test_fedtsa.py", "tests/test_oracle_ts_block.py"), "FedTSA's server rounds"),
     _unit("engine.mixing", ["engine.mixing"], ENGINE_ORACLES + ("tests/test_oracle_tent_step.py",),
           "the mixing kernel theta_i <- sum_j W_ij theta_j"),
@@ -164,11 +164,52 @@ def semantic_source(source: str) -> str:
     return ast.unparse(tree)
 
 
+DEFINITIONS_CACHE = "definitions"  # under cache_dir(): one JSON file per module source (``source_definitions``)
+
+
+def source_definitions(text: str) -> Dict[str, str]:
+    """``definition_hashes(semantic_source(text))``, kept on disk under ``cache_dir()/definitions`` by the digest of
+    ``text`` and of the code that hashes it (``_hasher_digest``): parsing the ~50 modules a run records costs
+    ~1.2 s in every new process otherwise (before a CLI run's first step). An entry is only ever read for the very
+    source and hashing code that wrote it; one that cannot be read is recomputed."""
+    from .data.root import cache_dir
+
+    key = hashlib.sha256(_hasher_digest().encode() + text.encode()).hexdigest()[:32]
+    path = cache_dir() / DEFINITIONS_CACHE / f"{key}.json"
+    try:
+        cached = json.loads(path.read_text())
+        if isinstance(cached, dict):
+            return cached
+    except (OSError, ValueError):
+        pass
+    hashes = definition_hashes(semantic_source(text))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{key}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(hashes, sort_keys=True))
+        os.replace(tmp, path)  # atomic: a reader sees a whole entry or none
+    except OSError:
+        pass
+    return hashes
+
+
+@lru_cache(maxsize=1)
+def _hasher_digest() -> str:
+    """A digest of the code that turns a module's source into definition hashes (``codegraph.py``, this module):
+    changing it starts a new cache."""
+    from . import codegraph
+
+    h = hashlib.sha256()
+    for path in (Path(codegraph.__file__), Path(__file__)):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
 @lru_cache(maxsize=None)
 def _definitions_at(module: str, mtime_ns: int) -> Tuple[Tuple[str, str], ...]:
     path = module_path(module)
     try:
-        hashes = definition_hashes(semantic_source(path.read_text()))
+        hashes = source_definitions(path.read_text())
     except (OSError, SyntaxError, ValueError) as err:
         raise UnitError(f"module {_full(module)} cannot be read ({type(err).__name__}: {err}); fix it before "
                         "reading or making runs") from None

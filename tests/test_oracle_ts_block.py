@@ -130,52 +130,112 @@ def test_hand_gradient_of_two_passes_is_autograds(one_thread, temporal, mask_mod
               None if getattr(reference, name) is None else getattr(reference, name).detach())
 
 
-@pytest.mark.parametrize("case", ["paper", "code"])
-def test_compiled_iteration_matches_the_eager_round(one_thread, case):
-    """``FedTSA.compiled`` (``run_iteration`` through ``torch.compile``; a long CPU run's default): the same round
-    as the eager iteration up to float64 rounding, the same masks exactly. Skipped where inductor cannot compile
-    (no C++ compiler), where the run itself would fall back to the eager iteration."""
+COMPILED_CASES = {  # every option that changes the compiled graph: its shape of heads, its masks, its outputs
+    "paper": {},
+    "w/o time, hadamard, bias": {"variant": "w/o time", "mask_mode": "hadamard", "bias": True},
+    "graph on temporal, best": {"graph_on": "temporal", "select": "best", "bias": True},
+    "w/o aug": {"variant": "w/o aug"},
+}
+
+
+def needs_compiler() -> None:
     import shutil
 
-    from ftta_core.strategies import fedtsa
-
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.skip("no C++ compiler: torch.compile's CPU backend cannot build the iteration")
-    rounds = {}
-    for compiled in (False, True):
-        strategy = FedTSA(server_steps=STEPS, lr=1e-2, seed=3, **CASES[case])
-        strategy.compiled = compiled
+        pytest.skip("no C++ compiler: AOTInductor cannot build the iteration (a run then iterates eagerly)")
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=() if c == "paper" else pytest.mark.slow)
+                                  for c in COMPILED_CASES])
+def test_compiled_round_matches_the_frozen_autograd_round(one_thread, case):
+    """``FedTSA.compiled`` (the iterations and their Adam steps through the package of ``fedtsa_compiled``; a CPU
+    run's default from ``COMPILE_MIN_ROUNDS`` rounds): the same round as the frozen autograd implementation up to
+    float64 rounding, the same masks exactly, for windows of the full length and shorter ones (T is dynamic)."""
+    from ftta_core.strategies import fedtsa_compiled
+
+    needs_compiler()
+    strategy = FedTSA(server_steps=STEPS, lr=1e-2, seed=3, **COMPILED_CASES[case])
+    strategy.compiled = True
+    for t in (T, 3):
+        x = windows(None)[-t:].contiguous()
         block = TSBlock(D, temporal=strategy.temporal, bias=strategy.bias).double()
-        rounds[compiled] = (strategy._train(windows(None), [torch_generator(3, "fedtsa", 0)], block)[0], block)
-    assert not fedtsa._compiled.get("failed"), "the iteration did not compile"
-    (eager, eager_block), (comp, comp_block) = rounds[False], rounds[True]
-    close(comp_block.qk_weight.detach(), eager_block.qk_weight.detach())
-    close(comp.weights, eager.weights)
-    for name in ("loss", "loss_regularization", "loss_robustness"):
-        close(torch.from_numpy(getattr(comp, name)), torch.from_numpy(getattr(eager, name)))
-    for name in ("current_mask", "spatial_mask", "temporal_mask"):
-        ma, mb = getattr(comp, name), getattr(eager, name)
-        assert (ma is None) == (mb is None) and (ma is None or torch.equal(ma, mb)), name
+        old_block = v1.TSBlock(D, temporal=strategy.temporal, bias=strategy.bias).double()
+        assert fedtsa_compiled.compilable(strategy, x)
+        new = strategy._train(x, [torch_generator(3, "fedtsa", 0)], block)[0]
+        old = frozen_round(strategy)._train(x, [torch_generator(3, "fedtsa", 0)], old_block)[0]
+        assert fedtsa_compiled.package_key(strategy, N, D, torch.float64) in fedtsa_compiled._loaded, "not compiled"
+        close(block.qk_weight.detach(), old_block.qk_weight.detach())
+        close(None if block.qk_bias is None else block.qk_bias.detach(),
+              None if old_block.qk_bias is None else old_block.qk_bias.detach())
+        close(new.weights, old.weights)
+        close(new.spatial_attention, old.spatial_attention)
+        for name in ("loss", "loss_regularization", "loss_robustness"):
+            close(torch.from_numpy(getattr(new, name)), torch.from_numpy(getattr(old, name)))
+        for name in ("current_mask", "spatial_mask", "temporal_mask"):
+            ma, mb = getattr(new, name), getattr(old, name)
+            assert (ma is None) == (mb is None) and (ma is None or torch.equal(ma, mb)), name
+        assert new.selected_iteration == old.selected_iteration
 
 
-def test_a_compile_that_fails_falls_back_to_the_eager_iteration(one_thread, monkeypatch, caplog):
-    """No compiler, an unsupported operator...: the round runs eagerly (the same W) and the log says so once."""
-    from ftta_core.strategies import fedtsa
+def test_what_does_not_compile_runs_eagerly(one_thread):
+    """A one-step window, a block of rounds and the code's counted masks (drawn inside the iteration) have no
+    compiled form: ``compilable`` says so, and such a round with ``compiled`` on is the eager round exactly."""
+    from ftta_core.strategies import fedtsa_compiled
 
-    def broken(fn, **kwargs):
-        def call(*args, **kw):
-            raise RuntimeError("no working C++ compiler found")
-        return call
-
-    monkeypatch.setattr(fedtsa, "_compiled", {})
-    monkeypatch.setattr(torch, "compile", broken)
+    paper, counted = FedTSA(server_steps=3, lr=1e-2), FedTSA(server_steps=3, lr=1e-2, augmentation="count")
+    assert not fedtsa_compiled.compilable(paper, windows(None)[-1:])
+    assert not fedtsa_compiled.compilable(paper, windows(2))
+    assert not fedtsa_compiled.compilable(counted, windows(None))
     results = []
     for compiled in (False, True):
+        counted.compiled = compiled
+        results.append(counted._train(windows(None), [torch_generator(3, "fedtsa", 0)], TSBlock(D).double())[0])
+    assert torch.equal(results[0].weights, results[1].weights)
+
+
+def test_a_package_is_keyed_by_everything_the_graph_bakes_in(monkeypatch, tmp_path):
+    """The package's name changes with every option the exported graph holds as a constant, with N, D, the window,
+    the dtype, torch's version and the source of the modules the iteration runs; not with what it takes as an input
+    (the learning rate, the seed)."""
+    from ftta_core.strategies import fedtsa_compiled as fc
+
+    base = fc.package_key(FedTSA(), 20, 256, torch.float32)
+    assert fc.package_key(FedTSA(seed=5, lr=1e-4, server_steps=7), 20, 256, torch.float32) == base
+    others = [fc.package_key(FedTSA(**kw), 20, 256, torch.float32)
+              for kw in ({"lam": 0.5}, {"variant": "w/o time"}, {"mask_mode": "hadamard"}, {"bias": True},
+                         {"graph_on": "temporal"}, {"window": 5}, {"edge_drop": 0.5})]
+    others += [fc.package_key(FedTSA(), 21, 256, torch.float32), fc.package_key(FedTSA(), 20, 128, torch.float32),
+               fc.package_key(FedTSA(), 20, 256, torch.float64)]
+    monkeypatch.setattr(torch, "__version__", "0.0.0")
+    others.append(fc.package_key(FedTSA(), 20, 256, torch.float32))
+    monkeypatch.undo()
+    copy = tmp_path / "ts_block.py"
+    copy.write_text(fc.SOURCES[0].read_text() + "\n# changed\n")
+    monkeypatch.setattr(fc, "SOURCES", (copy, *fc.SOURCES[1:]))
+    others.append(fc.package_key(FedTSA(), 20, 256, torch.float32))
+    assert len({base, *others}) == len(others) + 1
+
+
+def test_a_build_that_fails_falls_back_to_the_eager_iteration(one_thread, monkeypatch, caplog, tmp_path):
+    """No compiler, an operator export does not know...: the round runs eagerly (the same W), the log says so once
+    per package, and no package is left behind."""
+    from ftta_core.strategies import fedtsa_compiled as fc
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no working C++ compiler found")
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fc, "_loaded", {})
+    monkeypatch.setattr(fc, "_failed", {})
+    monkeypatch.setattr(fc, "build", broken)
+    results = []
+    for compiled in (False, True, True):
         strategy = FedTSA(server_steps=3, lr=1e-2, seed=3)
         strategy.compiled = compiled
         results.append(strategy._train(windows(None), [torch_generator(3, "fedtsa", 0)], TSBlock(D).double())[0])
-    assert torch.equal(results[0].weights, results[1].weights)
-    assert fedtsa._compiled["failed"] and caplog.text.count("did not compile") == 1
+    assert torch.equal(results[0].weights, results[1].weights) and torch.equal(results[0].weights, results[2].weights)
+    assert caplog.text.count("did not compile") == 1
+    assert not list(tmp_path.rglob("*.pt2"))
 
 
 def test_compiling_is_chosen_by_the_run_length_unless_the_switch_says(monkeypatch):

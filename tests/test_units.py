@@ -205,3 +205,24 @@ def test_a_recorded_module_declared_non_semantic_since_vouches_nothing():
 
     assert "project" in NON_SEMANTIC_MODULES
     assert uncertified_in({"units": {"project": 1}, "implementation": {"project": "b6c1e57b3f3fdedc"}}) == []
+
+
+def test_definition_hashes_are_kept_on_disk_by_source_and_hashing_code(tmp_path, monkeypatch):
+    """``source_definitions`` equals hashing the source afresh; its entry is named by the source and the hashing
+    code (a changed module or a changed hasher reads another entry), and an unreadable entry is recomputed."""
+    from ftta_core.codegraph import module_path
+
+    monkeypatch.setenv("FTTA_CACHE_DIR", str(tmp_path))
+    text = module_path("loop").read_text()
+    direct = definition_hashes(units.semantic_source(text))
+    assert units.source_definitions(text) == direct
+    [entry] = (tmp_path / units.DEFINITIONS_CACHE).glob("*.json")
+    assert json.loads(entry.read_text()) == direct
+    entry.write_text("{half an entr")
+    assert units.source_definitions(text) == direct  # recomputed (and rewritten)
+    assert json.loads(entry.read_text()) == direct
+    changed = text + "\n\ndef added_for_the_test():\n    return 1\n"
+    assert "added_for_the_test" in units.source_definitions(changed)
+    monkeypatch.setattr(units, "_hasher_digest", lambda: "another hasher")
+    units.source_definitions(text)
+    assert len(list((tmp_path / units.DEFINITIONS_CACHE).glob("*.json"))) == 3

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ..validation import check_choice
 from ..rng import torch_generator
 from .base import Scheduled, ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
+from .fedtsa_compiled import compilable, compiled_round, iteration_for
 from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, bernoulli_uniforms,
                        sample_spatial_mask, sample_temporal_mask, similarity_mask)
 
@@ -219,17 +220,17 @@ class _IterationMasks:
 # is launch-bound there); on a CPU they are no faster than separate rounds (benchmarks/README.md)
 AUTO_ROUNDS_PER_BATCH = {"cpu": 1, "cuda": 64}
 
-# A server iteration (both passes, the masks, L_tsa and its hand gradient) can run as one ``torch.compile``d graph,
-# whose element-wise work inductor fuses into a few C++ loops: W equal to the eager iteration's up to float rounding
-# (tests/test_oracle_ts_block.py, float64); a round 1.28x faster on one thread (benchmarks/results/
-# fedtsa_levers_cpu.md). The first round of each window length compiles (~20 s with a cold
-# cache, ~1 s once inductor's on-disk cache holds it; it needs a C++ compiler), so by default ('auto') a CPU run
-# compiles only when the engine says it has ``COMPILE_MIN_ROUNDS`` rounds or more (``expect_rounds``: a protocol
-# run, not a test or a smoke run). FTTA_COMPILE=1 always, 0 never. A compile that fails falls back to the eager
+# A server iteration (both passes, the masks, L_tsa and its hand gradient) can run compiled ahead of time
+# (``fedtsa_compiled``: torch.export + AOTInductor, one package per machine and configuration, loaded in
+# milliseconds): W equal to the eager iteration's up to float rounding (tests/test_oracle_ts_block.py, float64); a
+# round 1.37x faster on one thread (benchmarks/results/fedtsa_levers_cpu.md). Building a package costs ~10-20 s once
+# (it needs a C++ compiler), so by default ('auto') a CPU run uses it only when the engine says it has
+# ``COMPILE_MIN_ROUNDS`` rounds or more (``expect_rounds``: a protocol run or a benchmark, not a test or a smoke
+# run); whether a run compiles depends on its length only, never on what the cache holds, so the same run gives the
+# same numbers on a fresh machine. FTTA_COMPILE=1 always, 0 never. A build that fails falls back to the eager
 # iteration with one warning.
 COMPILE_ENV = "FTTA_COMPILE"
-COMPILE_MIN_ROUNDS = 300
-_compiled: Dict[str, Any] = {}
+COMPILE_MIN_ROUNDS = 50
 
 
 def compile_wanted(rounds: Optional[int]) -> bool:
@@ -239,30 +240,6 @@ def compile_wanted(rounds: Optional[int]) -> bool:
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"${COMPILE_ENV} must be 0, 1 or auto, got {mode!r}")
     return mode == "1" or (mode == "auto" and rounds is not None and rounds >= COMPILE_MIN_ROUNDS)
-
-
-def compiled_iteration() -> Optional[Callable[..., Any]]:
-    """``FedTSA._iteration`` compiled (one object per process), or None once compiling failed here."""
-    if _compiled.get("failed"):
-        return None
-    if "iteration" not in _compiled:
-        _compiled["iteration"] = torch.compile(FedTSA._iteration, dynamic=None)
-    return _compiled["iteration"]
-
-
-def run_iteration(strategy: "FedTSA", *args: Any) -> Any:
-    """``strategy._iteration(*args)``, compiled where ``strategy.compiled`` says so and the window is on a CPU; a
-    compile error (no C++ compiler, an unsupported operator) is logged once and the eager method used from then on
-    (the error comes before the iteration changes anything: it fails while compiling)."""
-    compiled = compiled_iteration() if strategy.compiled and args[1].device.type == "cpu" else None
-    if compiled is not None:
-        try:
-            return compiled(strategy, *args)
-        except Exception as err:  # noqa: BLE001 - any compile failure: fall back to the same computation, eager
-            _compiled["failed"] = True
-            log.warning("the FedTSA iteration did not compile (%s: %s); running it eagerly (%s=0 skips compiling)",
-                        type(err).__name__, str(err).splitlines()[0] if str(err) else "", COMPILE_ENV)
-    return strategy._iteration(*args)
 
 
 class FedTSA(Scheduled, Strategy):
@@ -347,7 +324,7 @@ class FedTSA(Scheduled, Strategy):
         self._pending: Dict[int, Tuple[torch.Tensor, Future]] = {}  # step -> (planned window, its round)
         self._submit: Optional[Callable[..., Future]] = None
         self._worker_copy: Optional["FedTSA"] = None  # what a server worker gets (``_worker``)
-        self.compiled = compile_wanted(None)  # iterations through ``torch.compile`` (``run_iteration``)
+        self.compiled = compile_wanted(None)  # iterations through the compiled package (``_train``)
 
     # ------------------------------------------------------------------ engine interface
 
@@ -428,18 +405,13 @@ class FedTSA(Scheduled, Strategy):
         self._worker_copy = None
 
     def _warm_compiled(self, indicators: torch.Tensor) -> None:
-        """With ``compiled`` on: compile the iteration in this process before the first round goes to a server
-        worker, on windows of one and two steps (the second shape makes the graph dynamic in the window length), so
-        that forked workers start with the compiled graph instead of each compiling its own. One iteration each,
-        results discarded; a no-op once done in this process."""
-        if not self.compiled or indicators.device.type != "cpu" or _compiled.get("warm") \
-                or compiled_iteration() is None:
+        """With ``compiled`` on: load (or build) the compiled iteration in this process before the first round goes
+        to a server worker, so that forked workers share it instead of each loading its own."""
+        if not self.compiled:
             return
-        warm = copy.copy(self._worker())
-        warm.server_steps = 1
-        for t in (1, 2):
-            warm._rounds(indicators.expand(1, t, *indicators.shape).contiguous(), [0])
-        _compiled["warm"] = True
+        window = indicators.expand(self.window, *indicators.shape)
+        if compilable(self, window):
+            iteration_for(self._worker(), window)
 
     def _worker(self) -> "FedTSA":
         """This strategy's parameters without its run's state (memory, plan, pending rounds, the pool's submit):
@@ -574,7 +546,6 @@ class FedTSA(Scheduled, Strategy):
         indicator_mask = indicator_mask if batched else indicator_mask[0]
         masks = (indicator_mask, None, None)
         selected = (float("inf"), None, -1)  # (loss, (spatial, temporal) attention, iteration)
-        optimizer = torch.optim.Adam(block.parameters(), lr=self.lr, fused=True) if steps else None
         # no host round trip per iteration unless 'best' selection reads the loss: the Bernoulli masks' uniforms
         # are drawn up front from the same CPU generator in the same order (same masks as drawing them one
         # iteration at a time), and the losses stay on the device until the round ends
@@ -589,16 +560,25 @@ class FedTSA(Scheduled, Strategy):
                 temporal_u, spatial_u = None if temporal_u is None else temporal_u[:, 0], spatial_u[:, 0]
         losses = np.zeros((3, steps))
         loss_log = []  # per iteration: (loss, regularization, robustness), kept on the device
+        generator = generators[0] if lam > 0 and not predrawn else None  # drawn from inside the iteration
+        # the iterations and their Adam steps through the compiled package (``fedtsa_compiled``) where it has one
+        compiled = compiled_round(self, block, x) if self.compiled and steps and generator is None else None
+        optimizer = torch.optim.Adam(block.parameters(), lr=self.lr, fused=True) if steps and compiled is None else None
         for it in range(steps):
-            loss, loss_reg, loss_rob, out, masks = run_iteration(
-                self, block, x, indicator_mask, None if predrawn else generators[0],
-                None if temporal_u is None else temporal_u[it], None if spatial_u is None else spatial_u[it])
+            uniforms = (None if temporal_u is None else temporal_u[it], None if spatial_u is None else spatial_u[it])
+            if compiled is not None:
+                loss, loss_reg, loss_rob, out, masks = compiled.step(x, indicator_mask, *uniforms)
+            else:
+                loss, loss_reg, loss_rob, out, masks = self._iteration(block, x, indicator_mask, generator, *uniforms)
             loss_log.append(torch.stack([loss, loss_reg, loss_rob]).detach())
             if self.select == "best" and not batched:
                 losses[:, it] = loss_log[-1].tolist()  # 'best' reads the loss: one host sync per iteration
                 if losses[0, it] < selected[0]:
                     selected = (losses[0, it], detached_attention(out), it)
-            optimizer.step()  # on the gradient ``_iteration`` set
+            if compiled is None:
+                optimizer.step()  # on the gradient ``_iteration`` set
+        if compiled is not None:
+            compiled.finish()
         losses = (torch.stack(loss_log, dim=1).cpu().double().numpy() if steps
                   else np.zeros((3, steps, *x.shape[:-3])))  # [3, steps] or [3, steps, R]
         if selected[1] is None:  # 'final', or untrained: the attention of the block as it is now

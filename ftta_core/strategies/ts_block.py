@@ -309,8 +309,10 @@ def _stacked_softmax_backward(attention: torch.Tensor, grad: torch.Tensor, masks
     pass for 'hadamard' (empty for 'exclude', where masked entries have attention 0 and so gradient 0)."""
     out = masked_softmax_backward(attention, grad, None)
     if any(m is not None for m in masks):
-        parts = out.chunk(len(masks), dim=dim)
-        out = torch.cat([part if m is None else part * m.to(part.dtype) for part, m in zip(parts, masks)], dim=dim)
+        parts = out.unflatten(dim, (len(masks), -1))  # the passes along dim - 1 (not ``chunk``/``split``: export
+        # keeps T symbolic through ``unflatten``)
+        out = torch.stack([part if m is None else part * m.to(part.dtype)
+                           for part, m in zip(parts.unbind(dim - 1), masks)], dim - 1).flatten(dim - 1, dim)
     return out
 
 
