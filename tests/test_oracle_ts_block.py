@@ -195,8 +195,8 @@ def test_what_does_not_compile_runs_eagerly(one_thread):
 
 def test_a_package_is_keyed_by_everything_the_graph_bakes_in(monkeypatch, tmp_path):
     """The package's name changes with every option the exported graph holds as a constant, with N, D, the window,
-    the dtype, torch's version and the source of the modules the iteration runs; not with what it takes as an input
-    (the learning rate, the seed)."""
+    the dtype, torch's version, the processor and the source of the modules the iteration runs; not with what it
+    takes as an input (the learning rate, the seed)."""
     from ftta_core.strategies import fedtsa_compiled as fc
 
     base = fc.package_key(FedTSA(), 20, 256, torch.float32)
@@ -207,6 +207,9 @@ def test_a_package_is_keyed_by_everything_the_graph_bakes_in(monkeypatch, tmp_pa
     others += [fc.package_key(FedTSA(), 21, 256, torch.float32), fc.package_key(FedTSA(), 20, 128, torch.float32),
                fc.package_key(FedTSA(), 20, 256, torch.float64)]
     monkeypatch.setattr(torch, "__version__", "0.0.0")
+    others.append(fc.package_key(FedTSA(), 20, 256, torch.float32))
+    monkeypatch.undo()
+    monkeypatch.setattr(fc, "cpu_signature", lambda: "x86_64/AVX2/another-cpu")
     others.append(fc.package_key(FedTSA(), 20, 256, torch.float32))
     monkeypatch.undo()
     copy = tmp_path / "ts_block.py"

@@ -13,10 +13,10 @@ compiled to a shared library and stored under ``cache_dir()/compiled`` (``packag
 milliseconds (``load``). Server workers forked from the process that loaded it share it. Measured:
 ``benchmarks/fedtsa_levers.py`` (one round) and ``benchmarks/fedtsa_speed_target.py`` (a 60-step run).
 
-What a package is keyed by (``package_key``): the torch version, the source of every module the iteration runs
-(``SOURCES``), the strategy options that the graph bakes in (variant, lambda, mask mode, M^cur source, bias), the
-number of clients N, the indicator dimension D, the window and the dtype. A change to any of them builds a new
-package; a stale one is never loaded.
+What a package is keyed by (``package_key``): the torch version, the processor (``cpu_signature``), the source of
+every module the iteration runs (``SOURCES``), the strategy options that the graph bakes in (variant, lambda, mask
+mode, M^cur source, bias), the number of clients N, the indicator dimension D, the window and the dtype. A change to
+any of them builds a new package; a stale one is never loaded (old ones stay on disk, ~2 MB each).
 
 Which iterations compile: those with no random draw inside (the paper's Bernoulli masks drawn up front, or no
 augmentation); the code's counted masks draw from a generator every iteration and stay eager, as does a window of
@@ -30,6 +30,8 @@ import fcntl
 import hashlib
 import logging
 import os
+import platform
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
 
@@ -64,12 +66,40 @@ def compilable(strategy: "FedTSA", x: torch.Tensor) -> bool:
 def package_key(strategy: "FedTSA", n_clients: int, dim: int, dtype: torch.dtype) -> str:
     """The digest that names a package: torch version, the iteration's source, the baked options, N, D, window,
     dtype (see the module doc)."""
-    h = hashlib.sha256(f"ftta-fedtsa-iteration/{PACKAGE_FORMAT}/{torch.__version__}".encode())
-    for path in SOURCES:
-        h.update(path.read_bytes())
+    h = hashlib.sha256(f"ftta-fedtsa-iteration/{PACKAGE_FORMAT}/{torch.__version__}/{cpu_signature()}/"
+                       f"{source_digest(SOURCES)}".encode())
     options = {name: getattr(strategy, name) for name in BAKED}
     h.update(repr((sorted(options.items()), n_clients, dim, strategy.window, str(dtype))).encode())
     return h.hexdigest()[:20]
+
+
+@lru_cache(maxsize=None)
+def source_digest(paths: Tuple[Path, ...]) -> str:
+    """A digest of the modules the iteration runs, read once per process: first at import (below), when they are
+    the code this process runs, so that a file edited while a run goes on cannot name a package built from the code
+    in memory."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+source_digest(SOURCES)  # pinned at import
+
+
+@lru_cache(maxsize=1)
+def cpu_signature() -> str:
+    """What the compiled code assumes of the processor: the machine, ATen's vector capability and a digest of the
+    CPU's feature flags (Linux). A cache shared between different machines (a home folder on a cluster) then holds
+    one package per kind of CPU, and none is loaded on a CPU whose instructions it may not have."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line for line in fh if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    digest = hashlib.sha256(" ".join(sorted(flags.split(":", 1)[-1].split())).encode()).hexdigest()[:12]
+    return f"{platform.machine()}/{torch.backends.cpu.get_cpu_capability()}/{digest}"
 
 
 def package_path(key: str) -> Path:
