@@ -264,3 +264,25 @@ def test_compiling_is_chosen_by_the_run_length_unless_the_switch_says(monkeypatc
     monkeypatch.setenv(fedtsa.COMPILE_ENV, "yes")
     with pytest.raises(ValueError, match=fedtsa.COMPILE_ENV):
         strategy.expect_rounds(750)
+
+
+def test_a_package_is_built_single_threaded_whatever_the_callers_threads(monkeypatch, tmp_path):
+    """Inductor bakes the thread count into its loops, so ``build`` compiles under one torch thread (a round is one
+    single-threaded computation wherever it runs) and gives the caller its threads back, even when the build fails."""
+    from ftta_core.strategies import fedtsa_compiled as fc
+
+    seen = []
+
+    def fake_build(*args):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(fc, "_build", fake_build)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(RuntimeError, match="stop here"):
+            fc.build(FedTSA(), N, D, torch.float64, tmp_path / "p.pt2")
+        assert seen == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

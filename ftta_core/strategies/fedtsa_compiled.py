@@ -227,7 +227,18 @@ def _example(strategy: "FedTSA", n: int, dim: int, dtype: torch.dtype) -> Tuple[
 
 def build(strategy: "FedTSA", n: int, dim: int, dtype: torch.dtype, path: Path) -> None:
     """Export the iteration (T dynamic in [MIN_WINDOW, window]) and compile it into the package ``path`` (written
-    to a temporary name, then renamed: a reader never sees half a package)."""
+    to a temporary name, then renamed: a reader never sees half a package). Always with one torch thread: inductor
+    bakes the thread count into its loops (OpenMP pragmas), so a package built under two threads would split its
+    reductions differently; built under one, a round is the same single-threaded computation wherever it runs."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _build(strategy, n, dim, dtype, path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(strategy: "FedTSA", n: int, dim: int, dtype: torch.dtype, path: Path) -> None:
     from torch.export import Dim
 
     args = _example(strategy, n, dim, dtype)
