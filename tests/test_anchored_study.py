@@ -53,7 +53,10 @@ def _fake_runs(plain: pd.DataFrame) -> pd.DataFrame:
 def test_tables_pair_by_seed_through_the_statistics_module():
     runs = _fake_runs(anchored.study_runs(only_cached=True, clients=("plain",)))
     gains = anchored.gains_table(runs)
-    for (setting, strategy), g in gains.groupby(["setting", "strategy"]):
+    alone = gains[gains.strategy == "local"]  # the anchor without collaboration: Local + prox over Local + plain
+    assert set(alone.versus) == {"Local, plain client"} and set(alone.client) == {"prox"}
+    assert alone.gain.to_numpy() == pytest.approx(3.0) and (alone.seeds == 3).all()
+    for (setting, strategy), g in gains[gains.strategy != "local"].groupby(["setting", "strategy"]):
         plain = g[(g.client == "plain") & (g.versus == "Local, same client")].iloc[0]
         prox_same = g[(g.client == "prox") & (g.versus == "Local, same client")].iloc[0]
         prox_plain = g[(g.client == "prox") & (g.versus == "Local, plain client")].iloc[0]
@@ -66,6 +69,12 @@ def test_tables_pair_by_seed_through_the_statistics_module():
     assert set(best.setting) == set(anchored.SETTINGS) and best["best local"].eq("local + prox").all()
     text = anchored.reading(gains, best)
     assert "NIID" in text and "IID" in text and "best local local + prox" in text
+    assert "the anchor alone (Local with it minus Local with the plain client): prox +3.00" in text
+    for setting, here in gains[(gains.client == "plain") & (gains.versus == "Local, same client")].groupby("setting"):
+        ahead = sorted(here[here.comparison == "ahead"].strategy)  # the papers' gains, each read again with prox
+        if ahead:
+            assert f"{setting.upper()}, prox client: of the strategies ahead of Local with the plain client " \
+                   f"({', '.join(ahead)})" in text
     cost = anchored.cost_table(runs, gains)
     assert (cost["MB uploaded per client step"] > 0).all()
 
@@ -97,3 +106,26 @@ def test_the_board_ranks_clients_by_strategy_per_setting_and_draws_both_settings
     fig = anchored.board_figure(runs)
     bars = [ax for ax in fig.axes if "mean accuracy" in ax.get_ylabel()]  # the two heatmaps' colour bars
     assert len(bars) == 2 and len({tuple(round(v, 6) for v in bar.get_ylim()) for bar in bars}) == 1
+
+
+def test_the_drift_reading_sorts_the_papers_gains_by_their_verdict_with_an_anchored_client():
+    """A strategy ahead with the plain client is read again with each anchored client: still ahead, behind,
+    undetermined, or waiting (fewer than ``stats.MIN_SEEDS`` seeds); a strategy not ahead with the plain client is
+    not among the papers' gains."""
+    def row(client, strategy, comparison, seeds=3, versus="Local, same client"):
+        return {"setting": "niid", "client": client, "strategy": strategy, "versus": versus, "gain": 1.0,
+                "low": 0.5, "high": 1.5, "seeds": seeds, "comparison": comparison}
+
+    gains = pd.DataFrame([row("plain", s, "ahead") for s in ("fedavg", "fedtsa", "fedctta", "pfedgraph")]
+                         + [row("plain", "moon", "undetermined"),
+                            row("prox", "fedavg", "behind"), row("prox", "fedtsa", "ahead"),
+                            row("prox", "fedctta", "undetermined"), row("prox", "pfedgraph", "ahead", seeds=1),
+                            row("prox", "moon", "ahead"),
+                            row("prox", "local", "ahead", versus="Local, plain client")])
+    text = "\n".join(anchored._drift_reading(gains))
+    assert "the anchor alone (Local with it minus Local with the plain client): prox +1.00 [+0.50, +1.50] (ahead)" \
+        in text
+    assert ("NIID, prox client: of the strategies ahead of Local with the plain client (fedavg, fedctta, fedtsa, "
+            "pfedgraph), still ahead of Local with it: fedtsa; behind it (the anchor alone does better): fedavg; no "
+            "longer shown ahead (undetermined): fedctta; waiting for runs: pfedgraph.") in text
+    assert "moon" not in text

@@ -149,16 +149,21 @@ def _by_seed(runs: pd.DataFrame, client: str, strategy: str) -> pd.Series:
 
 def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
     """Per setting, client and federated strategy: its gain over Local with the same client and over Local with the
-    plain client, paired by seed (``stats.paired``), with ``stats.comparison``'s verdict."""
+    plain client, paired by seed (``stats.paired``), with ``stats.comparison``'s verdict. For an anchored client,
+    also Local with it over Local with the plain client (strategy 'local'): what the anchor gives without any
+    collaboration."""
     rows: List[Dict[str, Any]] = []
     runs = runs[runs.cell == cell]
     for setting, here in runs.groupby("setting", sort=False):
         for client in pd.unique(here.client):
-            for strategy in [s for s in STRATEGIES if s != "local"]:
+            for strategy in STRATEGIES:
+                if strategy == "local" and client == "plain":
+                    continue
                 mine = _by_seed(here, client, strategy)
                 if mine.empty:
                     continue
-                pairs = [("Local, same client", client)] + ([("Local, plain client", "plain")] if client != "plain" else [])
+                pairs = ([] if strategy == "local" else [("Local, same client", client)]) \
+                    + ([("Local, plain client", "plain")] if client != "plain" else [])
                 for versus, base in pairs:
                     est = stats.paired(mine, _by_seed(here, base, "local"))
                     rows.append({"setting": setting, "client": client, "strategy": strategy, "versus": versus,
@@ -202,7 +207,7 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
     if gains.empty:
         return "No run of the anchored-client study is stored yet (python -m studies.anchored runs them)."
     lines = []
-    same = gains[gains.versus == "Local, same client"]
+    same = gains[(gains.versus == "Local, same client") & (gains.strategy != "local")]
     for setting, here in same.groupby("setting", sort=False):
         ahead = here[here.comparison == "ahead"]
         per_client = {c: sorted(g.strategy) for c, g in ahead.groupby("client")}
@@ -215,7 +220,41 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
                      f"best local {r['best local']} ({r['local accuracy']:.2f}) = {r['difference']:+.2f} "
                      f"[{r['low']:+.2f}, {r['high']:+.2f}] ({r['seeds']} seeds): {r['comparison']} (both picked "
                      "on these runs' means).")
+    lines += _drift_reading(gains)
     return "\n".join(lines)
+
+
+def _drift_reading(gains: pd.DataFrame) -> List[str]:
+    """Which of the papers' gains survive a client that cannot drift, computed from ``gains``: per setting, what
+    each anchor gives alone (Local with it minus Local with the plain client), then, for every strategy ahead of
+    Local with the plain client (the papers' comparison), its verdict over Local with each anchored client. A pair
+    with fewer than ``stats.MIN_SEEDS`` seeds is counted as waiting for runs, never read."""
+    lines = []
+    for setting, here in gains.groupby("setting", sort=False):
+        alone = here[(here.strategy == "local") & (here.seeds >= stats.MIN_SEEDS)]
+        if not alone.empty:
+            told = "; ".join(f"{r['client']} {r['gain']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] ({r['comparison']})"
+                             for r in alone.to_dict("records"))
+            lines.append(f"{setting.upper()}: the anchor alone (Local with it minus Local with the plain client): "
+                         f"{told}.")
+        same = here[(here.versus == "Local, same client") & (here.strategy != "local")]
+        papers = same[(same.client == "plain") & (same.comparison == "ahead") & (same.seeds >= stats.MIN_SEEDS)]
+        for client in [c for c in pd.unique(same.client) if c != "plain"]:
+            mine = same[(same.client == client) & same.strategy.isin(papers.strategy)].set_index("strategy")
+            read = mine[mine.seeds >= stats.MIN_SEEDS]
+            if read.empty:
+                continue
+            groups = {verdict: sorted(read.index[read.comparison == verdict]) for verdict in ("ahead", "behind")}
+            rest = sorted(set(read.index) - set(groups["ahead"]) - set(groups["behind"]))
+            waiting = sorted(set(papers.strategy) - set(read.index))
+            parts = [f"still ahead of Local with it: {', '.join(groups['ahead'])}" if groups["ahead"] else "",
+                     f"behind it (the anchor alone does better): {', '.join(groups['behind'])}"
+                     if groups["behind"] else "",
+                     f"no longer shown ahead (undetermined): {', '.join(rest)}" if rest else "",
+                     f"waiting for runs: {', '.join(waiting)}" if waiting else ""]
+            lines.append(f"{setting.upper()}, {client} client: of the strategies ahead of Local with the plain client "
+                         f"({', '.join(sorted(papers.strategy))}), " + "; ".join(p for p in parts if p) + ".")
+    return lines
 
 
 def gains_figure(gains: pd.DataFrame) -> Any:
