@@ -170,6 +170,7 @@ class Engine:
             self.attack.check_clients(self.n_clients)
         self._source_ahead: Dict[int, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # step -> x, logits, ind.
         self._horizon: Optional[int] = None  # first step not yet handed to the look-ahead strategies
+        self._rounds_told = False  # whether the look-ahead strategies heard the run's length (``expect_rounds``)
         self._server_pool: Optional[Executor] = None
         self.server_pool_kind = ""  # the kind of workers ``prefetch`` used ('' until it started them)
         self._client_threads: Optional[int] = None  # torch's thread count before ``prefetch`` split the cores
@@ -293,9 +294,11 @@ class Engine:
         ``STEPS_AHEAD_PER_THREAD`` per server thread ahead, or in chunks of ``Strategy.plan_chunk`` (two chunks
         ahead) for a strategy that batches its rounds (FedTSA on a GPU)."""
         planners = [s for s in (strategies or {"": self.strategy}).values() if lookahead_of(s)]
-        if self._horizon is None:  # the run's first prefetch: tell them how long the run is
+        if not self._rounds_told:  # the first prefetch of this engine's run: tell them how long the run is, as its
+            # stop step (the same when a run resumes part-way, so a strategy chooses as the uninterrupted run did)
             for strategy in planners:
-                strategy.expect_rounds(stop - step)
+                strategy.expect_rounds(stop)
+            self._rounds_told = True
         if self._server_pool is not None:  # decided at the first call (the default then changes torch's threads)
             threads = self.rounds_ahead_threads
         else:
@@ -349,6 +352,7 @@ class Engine:
             self._client_threads = None
         self._source_ahead.clear()
         self._horizon = None
+        self._rounds_told = False
 
     def present(self, step: int) -> torch.Tensor:
         """Boolean [N]: the clients whose uploads reach the server at ``step`` (each with probability
@@ -384,6 +388,7 @@ class Engine:
         """Restore ``state_dict`` (and forget what was prefetched)."""
         self._source_ahead.clear()
         self._horizon = None
+        self._rounds_told = False
         self.bank.load_state_dict(state["bank"])
         self.strategy.load_state_dict(state["strategy"])
         self.local.load_state_dict(state.get("local", {}))

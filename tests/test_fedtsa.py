@@ -828,3 +828,22 @@ def test_table1_markdown_gives_no_spread_for_one_seed():
     rows = to_markdown(table).splitlines()[2:]
     assert rows[0] == "| Local | NIID | 60.00 (1) | 56.93 ± 0.10 | +3.07 |"
     assert rows[1] == "| FedAvg | IID | 61.50 ± 0.25 (3) | – | – |"
+
+
+@pytest.mark.parametrize("server_threads", [0, 2])
+def test_a_run_tells_its_length_once_and_a_resumed_run_tells_the_same(monkeypatch, server_threads):
+    """``expect_rounds`` hears the run's stop step once per engine run, with or without rounds ahead, and a run
+    resumed part-way (a new engine from step 6) hears the same number: FedTSA then chooses compiled or eager rounds
+    as the uninterrupted run did, so the resumed run computes what the uninterrupted one computed."""
+    from ftta_core.loop import run_steps
+
+    told = []
+    monkeypatch.setattr(FedTSA, "expect_rounds", lambda self, rounds: told.append(rounds))
+    stream = small_stream(9)
+    model = load_source_model("digits_cnn_embedded")
+    for start in (0, 6):
+        told.clear()
+        eng = Engine(model, build_local("bn"), build_strategy("fedtsa", server_steps=2, window=3), n_clients=4,
+                     server_threads=server_threads, server_pool="thread")
+        run_steps(eng, stream, start=start)
+        assert told == [9], (start, told)

@@ -175,9 +175,9 @@ class Scheduled(ABC):
         return 1
 
     def expect_rounds(self, rounds: int) -> None:
-        """The engine's word, before the first step it runs: ``rounds`` steps are left in this run. A strategy may
-        choose how to compute its rounds by it (FedTSA compiles its iteration for a long run), never what they
-        give. Nothing by default."""
+        """The engine's word, before the first step it runs: the run stops before step ``rounds`` (its length from
+        step 0; the same number when the run resumes part-way). A strategy may choose how to compute its rounds by
+        it (FedTSA compiles its iteration for a long run), never what they give. Nothing by default."""
 
     @abstractmethod
     def plan_rounds(self, steps: Sequence[int], uploads: Dict[str, torch.Tensor], present: torch.Tensor,

@@ -234,8 +234,8 @@ COMPILE_MIN_ROUNDS = 50
 
 
 def compile_wanted(rounds: Optional[int]) -> bool:
-    """Whether a run with ``rounds`` rounds left (None: not said) compiles its iteration (``$FTTA_COMPILE``: '1',
-    '0' or 'auto', the default)."""
+    """Whether a run of ``rounds`` rounds (its stop step, ``expect_rounds``; None: not said) compiles its iteration
+    (``$FTTA_COMPILE``: '1', '0' or 'auto', the default)."""
     mode = os.environ.get(COMPILE_ENV, "auto")
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"${COMPILE_ENV} must be 0, 1 or auto, got {mode!r}")
