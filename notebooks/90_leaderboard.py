@@ -201,7 +201,10 @@ display(Markdown(fidelity.claims_reading(claims)))
 # EATA's Fisher term alone, periodic resets) with Local and four strategies, NIID and IID, at seeds 0-2; every
 # anchor's strength was stated in that module before its runs. Its plain-client rows are the stored Table 1 runs; the
 # anchored rows fill in as `python -m studies.anchored` stores runs (the coverage line says how many). Each
-# strategy's gain is paired by seed with Local *using the same client*, and with Local using the plain client.
+# strategy's gain is paired by seed with Local *using the same client*, and with Local using the plain client. The
+# rows of strategy `local` with an anchored client are what the anchor gives alone (Local with it over Local with the
+# plain client); the reading then says which of the papers' gains (strategies ahead with the plain client) are still
+# ahead with each anchored client, and which the anchor alone matches or beats.
 
 # %%
 from studies import anchored
