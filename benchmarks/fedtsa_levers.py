@@ -87,6 +87,23 @@ def round_levers(repeats: int) -> List[dict]:
                      "(tests/test_oracle_ts_block.py); loads in ms, where torch.compile re-traced for ~4 s a process"}]
 
 
+def package_costs() -> Dict[str, float]:
+    """Wall seconds to build the compiled iteration's package (export + AOTInductor, into a temporary folder: what a
+    machine's first run pays once) and to load it (what every later run pays), for the steady-state round's shapes."""
+    import tempfile
+
+    from ftta_core.strategies import fedtsa_compiled
+
+    strategy = FedTSA()
+    with tempfile.TemporaryDirectory(prefix="fedtsa_package_") as tmp:
+        path = Path(tmp) / "iteration.pt2"
+        start = time.perf_counter()
+        fedtsa_compiled.build(strategy, CLIENTS, DIM, torch.float32, path)
+        built = time.perf_counter()
+        fedtsa_compiled.load(path)
+        return {"build_s": built - start, "load_s": time.perf_counter() - built}
+
+
 def kernel_levers(repeats: int) -> List[dict]:
     """Adam's step through torch.optim vs its fused kernel; softmax over a short last dimension."""
     p = torch.nn.Parameter(torch.randn(4 * DIM, DIM))
@@ -159,12 +176,16 @@ def lever_table(repeats: int = 5) -> Dict[str, object]:
     levers = round_levers(repeats) + kernel_levers(repeats)
     rows = levers
     roof = roofline(repeats)
+    package = package_costs()
     md = ("## Levers on the server round (thread CPU s, one torch thread, min of "
           f"{repeats})\n\n"
           "| lever | before (s) | after (s) | ratio | note |\n|---|---|---|---|---|\n"
           + "\n".join(f"| {r['lever']} | {r['base_s']:.4f} | {r['new_s']:.4f} | {r['base_s'] / r['new_s']:.2f}x | "
                       f"{r['note']} |" for r in rows)
-          + f"\n\n## Roofline (fp32, one core; peak = 2048^3 matmul: {roof['peak_gflops']:.0f} GFLOP/s)\n\n"
+          + f"\n\nThe compiled round's package, once per machine and configuration: built in "
+          f"{package['build_s']:.1f} s wall (export + AOTInductor's C++ compile), loaded in "
+          f"{1e3 * package['load_s']:.1f} ms (every later run).\n"
+          + f"\n## Roofline (fp32, one core; peak = 2048^3 matmul: {roof['peak_gflops']:.0f} GFLOP/s)\n\n"
           "| kernel (per server iteration) | MFLOP per call | calls | us per call | GFLOP/s | share of peak |\n"
           "|---|---|---|---|---|---|\n"
           + "\n".join(f"| {r['kernel']} | {r['mflop_per_call']:.1f} | {r['calls_per_iteration']} | "
@@ -180,7 +201,7 @@ def lever_table(repeats: int = 5) -> Dict[str, object]:
           f"else would be {levers[0]['base_s'] / roof['kernel_floor_s_per_round']:.2f}x: what is left above that "
           "floor is the many small operations between them (masks, softmaxes, element-wise losses and gradients, "
           "concatenations, dispatch), which eager PyTorch runs one kernel each and the compiled round fuses.\n")
-    return {"rows": rows, "roofline": roof, "markdown": md}
+    return {"rows": rows, "roofline": roof, "package": package, "markdown": md}
 
 
 def main() -> None:
@@ -193,7 +214,8 @@ def main() -> None:
                 f"on {meta['date']}, commit {meta['commit']} plus the working tree, torch {meta['torch']}; load "
                 f"average after {meta['load_average']} (compare ratios within this run).\n\n" + table["markdown"])
     print(markdown)
-    write_results({**meta, "levers": table["rows"], "roofline": table["roofline"]}, "fedtsa_levers", "cpu", markdown)
+    write_results({**meta, "levers": table["rows"], "roofline": table["roofline"], "package": table["package"]},
+                  "fedtsa_levers", "cpu", markdown)
 
 
 if __name__ == "__main__":

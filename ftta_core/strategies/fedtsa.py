@@ -23,7 +23,6 @@ import logging
 import os
 import time
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -34,7 +33,7 @@ import torch.nn.functional as F
 from ..validation import check_choice
 from ..rng import torch_generator
 from .base import Scheduled, ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
-from .fedtsa_compiled import compilable, compiled_round, iteration_for
+from .fedtsa_compiled import compilable, compiled_round, iteration_for, one_torch_thread  # noqa: F401
 from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, bernoulli_uniforms,
                        sample_spatial_mask, sample_temporal_mask, similarity_mask)
 
@@ -148,23 +147,6 @@ class FedTSADiagnostics:
     seconds: float  # wall time of this server round (of its computation on a server thread when computed ahead)
 
 
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """Run the block below with one intra-op thread (then restore the caller's count). A TS-Block round is too small
-    to gain from a second thread (0.70 vs 0.66-0.72 s per round, benchmarks/README.md), and float sums split over
-    threads round differently: with one thread, W is the same bit for bit whatever thread count the run uses and
-    whether the round runs in its step or ahead on a server thread."""
-    before = torch.get_num_threads()
-    if before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _on_cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.cpu()
 
@@ -222,9 +204,9 @@ AUTO_ROUNDS_PER_BATCH = {"cpu": 1, "cuda": 64}
 
 # A server iteration (both passes, the masks, L_tsa and its hand gradient) can run compiled ahead of time
 # (``fedtsa_compiled``: torch.export + AOTInductor, one package per machine and configuration, loaded in
-# milliseconds): W equal to the eager iteration's up to float rounding (tests/test_oracle_ts_block.py, float64); a
-# round 1.37x faster on one thread (benchmarks/results/fedtsa_levers_cpu.md). Building a package costs ~10-20 s once
-# (it needs a C++ compiler), so by default ('auto') a CPU run uses it only when the engine says it has
+# milliseconds): W equal to the eager iteration's up to float rounding (tests/test_oracle_ts_block.py, float64);
+# its speed per round and the package's build and load times: benchmarks/results/fedtsa_levers_cpu.md. Building a
+# package needs a C++ compiler and takes seconds, once, so by default ('auto') a CPU run uses it only when it has
 # ``COMPILE_MIN_ROUNDS`` rounds or more (``expect_rounds``: a protocol run or a benchmark, not a test or a smoke
 # run); whether a run compiles depends on its length only, never on what the cache holds, so the same run gives the
 # same numbers on a fresh machine. FTTA_COMPILE=1 always, 0 never. A build that fails falls back to the eager

@@ -31,9 +31,10 @@ import hashlib
 import logging
 import os
 import platform
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch import nn
@@ -225,17 +226,30 @@ def _example(strategy: "FedTSA", n: int, dim: int, dtype: torch.dtype) -> Tuple[
             torch.eye(n, dtype=torch.bool), temporal_u, spatial_u)
 
 
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run the block below with one intra-op thread (then restore the caller's count). A TS-Block round is too small
+    to gain from a second thread (0.70 vs 0.66-0.72 s per round, benchmarks/README.md), and float sums split over
+    threads round differently: with one thread, W is the same bit for bit whatever thread count the run uses and
+    whether the round runs in its step or ahead on a server thread."""
+    before = torch.get_num_threads()
+    if before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def build(strategy: "FedTSA", n: int, dim: int, dtype: torch.dtype, path: Path) -> None:
     """Export the iteration (T dynamic in [MIN_WINDOW, window]) and compile it into the package ``path`` (written
     to a temporary name, then renamed: a reader never sees half a package). Always with one torch thread: inductor
     bakes the thread count into its loops (OpenMP pragmas), so a package built under two threads would split its
     reductions differently; built under one, a round is the same single-threaded computation wherever it runs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_torch_thread():
         _build(strategy, n, dim, dtype, path)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _build(strategy: "FedTSA", n: int, dim: int, dtype: torch.dtype, path: Path) -> None:
