@@ -292,7 +292,8 @@ def gains_by_panel(table: pd.DataFrame, panel: Sequence[str], x: str = "method",
             value = rows[y].to_numpy(dtype=float)
             single = spread.isna().to_numpy() & np.isfinite(value)
             any_single = any_single or bool(single.any())
-            ax.errorbar(pos[~single], value[~single], yerr=spread[~single], fmt=marker, capsize=3, color=colour)
+            ax.errorbar(pos[~single], value[~single], yerr=spread[~single], fmt=marker, capsize=4.5, barsabove=True,
+                        color=colour)  # bars over the markers, caps wider: an interval narrower than a marker shows
             ax.plot(pos[single], value[single], marker, mfc="white", color=colour)
             half = spread.fillna(0).to_numpy(dtype=float)
             drawn += [(ax, p, v, v - e, v + e, colour) for p, v, e in zip(pos, value, half) if np.isfinite(v)]

@@ -3,6 +3,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.colors  # noqa: E402
+import matplotlib.container  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -252,6 +253,18 @@ def test_gains_by_panel_marks_an_outlier_off_scale_draws_the_margin_and_names_se
                                   group="setting")
     assert {"0, 1, 2", "0"} <= {t.get_text() for t in ax2.texts}  # each point names its seeds
     assert "ours (seeds under each point)" in [t.get_text() for t in ax2.figure.legends[0].get_texts()]
+
+
+def test_gains_by_panel_shows_an_interval_narrower_than_its_marker():
+    """A 95 % interval of +-0.1 point sits inside a marker: its bar is drawn over the marker and its caps reach
+    beyond the marker's edge, so the figure still shows that it has one."""
+    table = pd.DataFrame([{"setting": "NIID", "method": m, "numbers": "ours", "gain over Local": g, "ci95": 0.1,
+                           "seeds": 3, "seed ids": (0, 1, 2)} for m, g in (("FedAvg", -3.5), ("FedTSA", 12.0))])
+    (ax,) = plots.gains_by_panel(table, ["setting"], hue="numbers", err="ci95")
+    (bars,) = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    data_line, caps, (stems,) = bars.lines[0], bars.lines[1], bars.lines[2]
+    assert caps and all(cap.get_markersize() > data_line.get_markersize() for cap in caps)
+    assert stems.get_zorder() > data_line.get_zorder() and all(c.get_zorder() > data_line.get_zorder() for c in caps)
 
 
 def test_interval_dots_start_near_the_data_with_intervals_and_seeds_per_row():
