@@ -129,3 +129,61 @@ def test_the_drift_reading_sorts_the_papers_gains_by_their_verdict_with_an_ancho
             "pfedgraph), still ahead of Local with it: fedtsa; behind it (the anchor alone does better): fedavg; no "
             "longer shown ahead (undetermined): fedctta; waiting for runs: pfedgraph.") in text
     assert "moon" not in text
+
+
+def _complete_grid(setting: str = "niid") -> pd.DataFrame:
+    """Every client x strategy x seed of one setting's drift-cell grid; 'prox' with FedCTTA the best federated mean,
+    'restore' the best Local mean."""
+    rows = [{"cell": anchored.CELL, "setting": setting, "client": c, "strategy": st, "seed": seed,
+             "accuracy": 60.0 + 0.1 * seed + (5.0 if (c, st) == ("prox", "fedctta") else 0.0)
+             + (3.0 if (c, st) == ("restore", "local") else 0.0)}
+            for c in anchored.CLIENTS for st in anchored.STRATEGIES for seed in anchored.SEEDS]
+    return pd.DataFrame(rows)
+
+
+def test_the_post_hoc_best_pair_waits_for_the_complete_grid_then_is_read_on_unseen_seeds():
+    """The best pair is picked only once every client x strategy x seed of a setting is stored (a pick on part of
+    the grid could change), and is compared again on ``REPLICATION_SEEDS``, which the study's seeds do not
+    include; the reading labels the first pick post hoc and says what the replication gives or waits for."""
+    assert not set(anchored.REPLICATION_SEEDS) & set(anchored.SEEDS)
+    full = _complete_grid()
+    partial = full.iloc[1:]
+    assert anchored.grid_count(partial, "niid") == (len(full) - 1, len(full))
+    assert anchored.best_pairs(partial) == {}
+    waiting = anchored.replication_table(partial, pd.DataFrame())
+    assert waiting.set_index("setting").loc["niid", "status"] == \
+        f"waits for the complete grid ({len(full) - 1} of {len(full)} runs stored)"
+    assert anchored.best_pairs(full) == {"niid": (("prox", "fedctta"), "restore")}
+    unseen = pd.DataFrame([{"cell": anchored.CELL, "setting": "niid", "client": c, "strategy": st, "seed": seed,
+                            "accuracy": acc + 0.3 * seed}
+                           for seed in anchored.REPLICATION_SEEDS
+                           for c, st, acc in (("prox", "fedctta", 64.0), ("restore", "local", 63.0))])
+    table = anchored.replication_table(full, unseen.iloc[:-1]).set_index("setting")
+    assert table.loc["niid", "status"] == f"waits for runs (2 of {len(anchored.REPLICATION_SEEDS)} seeds paired)"
+    table = anchored.replication_table(full, unseen).set_index("setting")
+    row = table.loc["niid"]
+    assert row["status"] == "replicated" and row["difference"] == pytest.approx(1.0)
+    assert row["comparison"] == stats.comparison(stats.paired(
+        unseen[unseen.client == "prox"].set_index("seed").accuracy,
+        unseen[unseen.client == "restore"].set_index("seed").accuracy))
+    gains, best = anchored.gains_table(full), anchored.best_table(full)
+    text = anchored.reading(gains, best, table.reset_index())
+    seeds = ", ".join(map(str, anchored.REPLICATION_SEEDS))
+    assert "(both picked on these runs' means: post hoc)" in text
+    assert f"NIID: replicated on unseen seeds {seeds}: fedctta + prox minus local + restore = +1.00" in text
+    assert "IID: the replication on unseen seeds" in text and "waits for the complete grid" in text
+
+
+def test_the_replication_is_planned_once_the_grid_is_complete(tmp_path, monkeypatch):
+    plan = tmp_path / "plan.jsonl"
+    monkeypatch.setenv("FTTA_PLAN", str(plan))
+    monkeypatch.setattr(anchored, "RUNS_DIR", tmp_path / "runs")
+    monkeypatch.setattr(anchored, "reset_selection", lambda only_cached=True: None)  # its runs are not this test's
+    monkeypatch.setattr(anchored, "chosen_reset", lambda table: 50)
+    assert anchored.replication_runs(_complete_grid().iloc[1:], only_cached=False).empty and not plan.exists()
+    anchored.replication_runs(_complete_grid(), only_cached=False)
+    jobs = [json.loads(line)["config"] for line in plan.read_text().splitlines()]
+    assert sorted((j["local"], j["strategy"], j["seed"]) for j in jobs) == sorted(
+        [("tentprox", "fedctta", s) for s in anchored.REPLICATION_SEEDS]
+        + [("tentrestore", "local", s) for s in anchored.REPLICATION_SEEDS])
+    assert all(j["scenario"] == "fedtsa_niid" and j["local_params"]["lr"] == anchored.DRIFT_STEP for j in jobs)

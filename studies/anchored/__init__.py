@@ -7,7 +7,10 @@ client that simply cannot drift. This study crosses the anchored local methods (
 strategies of ``STRATEGIES``, NIID and IID, at ``SEEDS``, and asks, with the statistics module's paired intervals:
 
 1. each strategy's gain over Local, with a plain client and with each anchored client (``gains_table``);
-2. whether the best federated result beats the best local one, per setting (``best_table``);
+2. whether the best federated result beats the best local one, per setting (``best_table``). The two bests are
+   picked on the study's own seeds, a choice made after seeing them: the pair is labelled post hoc and compared
+   again on ``REPLICATION_SEEDS``, seeds no choice of this study saw, once the setting's grid is complete
+   (``replication_runs``, ``replication_table``);
 3. what collaboration costs in uploaded bytes for what it gains (``cost_table``).
 
 The design, stated before any of its runs (each anchor's strength comes from its own paper or from a stored run,
@@ -39,7 +42,7 @@ import pandas as pd
 
 from ftta_core import stats
 from ftta_core.experiment import ExperimentConfig
-from studies.fedtsa.step_rule import CELL, HELD_OUT_SEED, POST_HOC_STEP
+from studies.fedtsa.step_rule import CELL, HELD_OUT_SEED, POST_HOC_STEP, REPLICATION_SEEDS
 from studies.fedtsa.table1 import table1_config
 from ftta_core.workbook import strategy_comparison
 
@@ -131,15 +134,17 @@ PLAN_ORDER = (("niid", ("local", "fedavg", "fedtsa", "fedctta")), ("niid", ("pfe
 def plan_in_order(clients: Sequence[str] = tuple(CLIENTS)) -> None:
     """Ask for every run of the study in the order a CPU budget should spend them (``PLAN_ORDER``): NIID before
     IID, the Table 1 strategies before pFedGraph, one client's three seeds complete before the next client's (a
-    client's verdicts need ``stats.MIN_SEEDS`` paired seeds), the check cell last. With ``$FTTA_PLAN`` set this
-    appends the missing runs to the plan in that order; the set of runs is ``study_runs``'s."""
+    client's verdicts need ``stats.MIN_SEEDS`` paired seeds), the check cell, then the replication of each
+    complete setting's post-hoc best pair (``replication_runs``). With ``$FTTA_PLAN`` set this appends the missing
+    runs to the plan in that order; the set of runs is ``study_runs``'s and ``replication_runs``'s."""
     period = chosen_reset(reset_selection(only_cached=False))
     for setting, strategies in PLAN_ORDER:
         for client in clients:
             if client == "reset" and period is None:
                 continue
             _grid(client_config(client, setting, reset_every=period), strategies, SEEDS, only_cached=False)
-    study_runs(only_cached=False, clients=clients)  # the check cell (and anything the order above left out)
+    runs = study_runs(only_cached=False, clients=clients)  # the check cell (and anything the order above left out)
+    replication_runs(runs, only_cached=False)  # the post-hoc best pairs on unseen seeds, once a grid is complete
 
 
 def _by_seed(runs: pd.DataFrame, client: str, strategy: str) -> pd.Series:
@@ -172,23 +177,97 @@ def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _bests(here: pd.DataFrame) -> Optional[Tuple[Tuple[str, str], str]]:
+    """((client, strategy) of the best federated mean, client of the best Local mean) of one setting's runs, None
+    when either side has no run."""
+    means = here.groupby(["client", "strategy"])["accuracy"].mean()
+    local = means[means.index.get_level_values("strategy") == "local"]
+    fed = means[means.index.get_level_values("strategy") != "local"]
+    if local.empty or fed.empty:
+        return None
+    return fed.idxmax(), local.idxmax()[0]
+
+
 def best_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
     """Per setting: the best federated (client, strategy) by mean accuracy against the best local client, paired by
     seed, with ``stats.comparison``. The two bests are picked on the means of these very runs, so the row says
-    which they are; the interval is for that pair."""
+    which they are; the interval is for that pair (``replication_table`` tests it on unseen seeds)."""
     rows = []
     runs = runs[runs.cell == cell]
     for setting, here in runs.groupby("setting", sort=False):
-        means = here.groupby(["client", "strategy"])["accuracy"].mean()
-        local = means[means.index.get_level_values("strategy") == "local"]
-        fed = means[means.index.get_level_values("strategy") != "local"]
-        if local.empty or fed.empty:
+        picked = _bests(here)
+        if picked is None:
             continue
-        (fc, fs), (lc, _) = fed.idxmax(), local.idxmax()
+        (fc, fs), lc = picked
         est = stats.paired(_by_seed(here, fc, fs), _by_seed(here, lc, "local"))
-        rows.append({"setting": setting, "best federated": f"{fs} + {fc}", "its accuracy": fed.max(),
-                     "best local": f"local + {lc}", "local accuracy": local.max(), "difference": est.mean,
+        rows.append({"setting": setting, "best federated": f"{fs} + {fc}",
+                     "its accuracy": _by_seed(here, fc, fs).mean(), "best local": f"local + {lc}",
+                     "local accuracy": _by_seed(here, lc, "local").mean(), "difference": est.mean,
                      "low": est.low, "high": est.high, "seeds": est.n, "comparison": stats.comparison(est)})
+    return pd.DataFrame(rows)
+
+
+def grid_count(runs: pd.DataFrame, setting: str, cell: str = CELL) -> Tuple[int, int]:
+    """(stored, expected) runs of ``setting``'s grid in ``cell``: every client x strategy at ``SEEDS``."""
+    expected = {(c, st, seed) for c in CLIENTS for st in STRATEGIES for seed in SEEDS}
+    if not len(runs):
+        return 0, len(expected)
+    here = runs[(runs.cell == cell) & (runs.setting == setting)]
+    stored = {(c, st, int(seed)) for c, st, seed in zip(here.client, here.strategy, here.seed)}
+    return len(stored & expected), len(expected)
+
+
+def best_pairs(runs: pd.DataFrame, cell: str = CELL) -> Dict[str, Tuple[Tuple[str, str], str]]:
+    """Per setting whose grid is complete (``grid_count``): the pair ``best_table`` picked, ((client, strategy) of
+    the best federated mean, the best local client). A setting with runs missing picks nothing yet: a pick made
+    on part of the grid could change as runs land."""
+    out = {}
+    for setting in SETTINGS:
+        stored, expected = grid_count(runs, setting, cell)
+        if stored == expected:
+            picked = _bests(runs[(runs.cell == cell) & (runs.setting == setting)])
+            if picked is not None:
+                out[setting] = picked
+    return out
+
+
+def replication_runs(runs: pd.DataFrame, only_cached: bool = True) -> pd.DataFrame:
+    """The pairs of ``best_pairs`` run again at ``REPLICATION_SEEDS`` (with ``$FTTA_PLAN``: the missing runs are
+    planned); one row per run as in ``study_runs``. Stored plain-client runs at those seeds are read back."""
+    period = chosen_reset(reset_selection(only_cached))
+    frames = []
+    for setting, ((fed_client, fed_strategy), local_client) in best_pairs(runs).items():
+        wanted: Dict[str, List[str]] = {local_client: ["local"]}
+        wanted.setdefault(fed_client, []).append(fed_strategy)
+        for client, strategies in wanted.items():
+            g = _grid(client_config(client, setting, reset_every=period), strategies, REPLICATION_SEEDS,
+                      only_cached)
+            frames.append(g.assign(cell=CELL, setting=setting, client=client))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def replication_table(runs: pd.DataFrame, replication: pd.DataFrame) -> pd.DataFrame:
+    """Per setting: the post-hoc pair of ``best_pairs`` (picked on ``SEEDS``) compared again on
+    ``REPLICATION_SEEDS`` (``stats.paired``, ``stats.comparison``); 'status' says what it waits for."""
+    rows = []
+    picked = best_pairs(runs)
+    for setting in SETTINGS:
+        stored, expected = grid_count(runs, setting)
+        row: Dict[str, Any] = {"setting": setting, "replication seeds": tuple(REPLICATION_SEEDS)}
+        if setting not in picked:
+            rows.append({**row, "status": f"waits for the complete grid ({stored} of {expected} runs stored)"})
+            continue
+        (fc, fs), lc = picked[setting]
+        here = replication[replication.setting == setting] if len(replication) else replication
+        fed = _by_seed(here, fc, fs) if len(here) else pd.Series(dtype=float)
+        local = _by_seed(here, lc, "local") if len(here) else pd.Series(dtype=float)
+        est = stats.paired(fed, local)
+        done = est.n == len(REPLICATION_SEEDS)
+        rows.append({**row, "best federated": f"{fs} + {fc}", "best local": f"local + {lc}",
+                     "difference": est.mean, "low": est.low, "high": est.high, "seeds": est.n,
+                     "comparison": stats.comparison(est),
+                     "status": "replicated" if done else
+                     f"waits for runs ({est.n} of {len(REPLICATION_SEEDS)} seeds paired)"})
     return pd.DataFrame(rows)
 
 
@@ -202,8 +281,9 @@ def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.
     return pd.concat([up, same.rename("mean gain over Local")], axis=1).dropna().reset_index()
 
 
-def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
-    """The answer in sentences computed from ``gains`` and ``best`` (no sentence is printed without its rows)."""
+def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.DataFrame] = None) -> str:
+    """The answer in sentences computed from ``gains``, ``best`` and ``replication`` (``replication_table``; no
+    sentence is printed without its rows)."""
     if gains.empty:
         return "No run of the anchored-client study is stored yet (python -m studies.anchored runs them)."
     lines = []
@@ -219,9 +299,26 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame) -> str:
         lines.append(f"{r['setting'].upper()}: best federated {r['best federated']} ({r['its accuracy']:.2f}) minus "
                      f"best local {r['best local']} ({r['local accuracy']:.2f}) = {r['difference']:+.2f} "
                      f"[{r['low']:+.2f}, {r['high']:+.2f}] ({r['seeds']} seeds): {r['comparison']} (both picked "
-                     "on these runs' means).")
+                     "on these runs' means: post hoc).")
+    lines += _replication_reading(replication)
     lines += _drift_reading(gains)
     return "\n".join(lines)
+
+
+def _replication_reading(replication: Optional[pd.DataFrame]) -> List[str]:
+    """One sentence per setting: the post-hoc best pair on the unseen seeds, or what its replication waits for."""
+    lines = []
+    for r in ([] if replication is None else replication.to_dict("records")):
+        seeds = ", ".join(map(str, r["replication seeds"]))
+        if r["status"] != "replicated":
+            pair = f" of {r['best federated']} against {r['best local']}" if isinstance(r.get("best federated"),
+                                                                                          str) else ""
+            lines.append(f"{r['setting'].upper()}: the replication{pair} on unseen seeds {seeds} {r['status']}.")
+            continue
+        lines.append(f"{r['setting'].upper()}: replicated on unseen seeds {seeds}: {r['best federated']} minus "
+                     f"{r['best local']} = {r['difference']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] "
+                     f"({r['seeds']} seeds): {r['comparison']}.")
+    return lines
 
 
 def _drift_reading(gains: pd.DataFrame) -> List[str]:
@@ -344,7 +441,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 __all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "client_config", "reset_selection",
-           "chosen_reset", "study_runs", "plan_in_order", "PLAN_ORDER", "gains_table", "best_table", "cost_table",
+           "chosen_reset", "study_runs", "plan_in_order", "PLAN_ORDER", "gains_table", "best_table", "grid_count", "best_pairs", "replication_runs", "replication_table",
+           "REPLICATION_SEEDS", "cost_table",
            "reading", "gains_figure", "board",
            "board_figure",
            "plan_and_run", "main"]
