@@ -555,6 +555,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     line on stderr and exit status 2; with ``FTTA_DEBUG=1`` it is raised with its traceback."""
     global _ARGV
     _ARGV = None if argv is None else [str(a) for a in argv]
+    from .allocator import keep_freed_memory
+
+    keep_freed_memory()  # a step's large tensors reuse the memory the last step freed (ftta_core/allocator.py)
     try:
         args = build_parser().parse_args(argv)  # a plugin named by --plugin is loaded here (its methods are listed in --help)
         if args.command in PLUGIN_COMMANDS:  # --plugin, $FTTA_PLUGINS, entry points; --plugin exported to children
