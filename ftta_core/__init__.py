@@ -10,6 +10,7 @@ Importing the package stays light (no torch) until one of these is used.
 """
 from typing import Any
 
+from . import project  # first: its IMPORTED_AT_NS precedes the import of every other module of the package
 from .plugins import load_plugins
 
 __version__ = "0.1.0"

@@ -9,14 +9,18 @@ a job (killed, out of memory, ``os._exit``) loses only that job: a new worker re
 up to ``retries`` more times (``--retries``, default 1; it resumes from its run's last checkpoint), while the other
 jobs go on; a job still failing after that is reported with ``error`` and the attempts it took, and the command
 exits non-zero. With ``workers=1`` the jobs run in this process (nothing to retry: a kill ends the command, and
-running it again resumes).
+running it again resumes). A worker whose code changed on disk after it started (an edit during a long plan) exits
+instead of recording a run under code it does not run (``units.CodeChangedError``), and a fresh worker takes the
+job, without counting an attempt.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -29,7 +33,12 @@ from .plan import PLAN_ENV, PlannedJob, results_path
 from . import grid
 from .progress import progress_bar
 from .runstore import RunInUse
+from .units import CodeChangedError
 from .variants import strategy_variants
+
+
+CODE_CHANGED_EXIT = 75  # a worker's exit status when its code changed on disk (EX_TEMPFAIL): run the job again
+CODE_CHANGED_RESTARTS = 3  # fresh workers a job gets for that reason before it counts as a death
 
 
 def pending_runs(job: PlannedJob) -> int:
@@ -55,13 +64,16 @@ def run_job(job: PlannedJob) -> Dict[str, Any]:
 
 
 def _init_worker(threads: int) -> None:
-    """Start-up of a worker (a spawned process, or this one with ``workers=1``): torch threads, and the plugins the
-    command was given (``--plugin`` exports them as ``$FTTA_PLUGINS``) so that configs naming their methods run."""
+    """Start-up of a worker (a spawned process, or this one with ``workers=1``): torch threads, freed memory kept
+    for the next step (``allocator``), and the plugins the command was given (``--plugin`` exports them as
+    ``$FTTA_PLUGINS``) so that configs naming their methods run."""
     import torch
 
+    from .allocator import keep_freed_memory
     from .plugins import load_plugins
 
     torch.set_num_threads(threads)
+    keep_freed_memory()
     load_plugins()
 
 
@@ -74,6 +86,12 @@ def _run_before(job: PlannedJob, deadline: Optional[float]) -> Dict[str, Any]:
         return run_job(job)
     except RunInUse as err:
         return {"job": job.describe(), "runs": 0, "seconds": 0.0, "elsewhere": str(err)}
+    except CodeChangedError as err:  # this worker runs code older than the files: a fresh worker runs the job
+        if multiprocessing.parent_process() is None:  # the command's own process (workers=1): nothing replaces it
+            raise
+        print(f"worker {os.getpid()}: {err}; exiting so that a fresh worker runs {job.describe()}", file=sys.stderr,
+              flush=True)
+        os._exit(CODE_CHANGED_EXIT)
     except Exception as err:  # one broken job must not stop the others; the log names it
         return {"job": job.describe(), "runs": 0, "seconds": 0.0, "error": f"{type(err).__name__}: {err}"}
 
@@ -228,6 +246,7 @@ def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[
         bar.close()
         return done
     deaths = [0] * len(jobs)  # per job: workers that died running it
+    restarts = [0] * len(jobs)  # per job: workers that exited on it because their code changed on disk
     pool = WorkerPool(workers, threads)
 
     def record(result: Dict[str, Any]) -> None:
@@ -239,6 +258,14 @@ def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[
         record({**result, "attempts": deaths[index] + 1} if deaths[index] else result)
 
     def died(index: int, how: str) -> None:
+        restarts[index] += how == died_how(CODE_CHANGED_EXIT)
+        if how == died_how(CODE_CHANGED_EXIT) and restarts[index] <= CODE_CHANGED_RESTARTS:
+            # not the job's fault: a fresh worker runs it, no attempt counted (a file dated in the future would
+            # make every fresh worker exit: after CODE_CHANGED_RESTARTS it counts as a death)
+            log(json.dumps({"job": jobs[index].describe(), "restart": "the code changed on disk since its worker "
+                            "started; a fresh worker runs it"}))
+            pool.requeue(index)
+            return
         deaths[index] += 1
         why = f"its worker process died ({how})"
         if deaths[index] <= retries:

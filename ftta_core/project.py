@@ -27,6 +27,7 @@ folders are one lookup; ``tomllib`` reads it without a dependency.
 from __future__ import annotations
 
 import os
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,10 @@ DEFAULT_FOLDERS: Dict[str, str] = {"results": "figures", "notebooks": "notebooks
 # the folder the package was imported from: in a source checkout (editable install) the library's repository, with
 # its tests (``units``' oracles) and git history (``runstore``, ``record_migration``); site-packages otherwise
 LIBRARY_CHECKOUT = Path(__file__).resolve().parents[1]
+# when this process imported the package (this module is its first import, ``ftta_core/__init__.py``): every other
+# module of it was imported later, so a module file newer than this may differ from the code running
+# (``units.changed_on_disk``)
+IMPORTED_AT_NS = time.time_ns()
 
 
 @dataclass(frozen=True)

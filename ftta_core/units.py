@@ -134,7 +134,7 @@ NON_SEMANTIC: Dict[str, frozenset] = {
 # whole modules that belong to no unit: the record keeping itself, progress display, loading plugins (a plugin's
 # methods are recorded by their own modules when they live in the package), the project's folders
 NON_SEMANTIC_MODULES = frozenset({"runstore", "record_migration", "units", "codegraph", "progress", "plugins",
-                                  "project"})
+                                  "project", "allocator"})
 # names never part of a unit: they only tell tools what to export or check
 NON_SEMANTIC_NAMES = frozenset({"__all__", "annotations", "TYPE_CHECKING", "log"})
 
@@ -142,6 +142,11 @@ NON_SEMANTIC_NAMES = frozenset({"__all__", "annotations", "TYPE_CHECKING", "log"
 class UnitError(RuntimeError):
     """The unit table or lock does not fit the code (a member that does not exist, a module that cannot be read):
     a mistake to fix, never a stale run."""
+
+
+class CodeChangedError(RuntimeError):
+    """A module this process runs changed on disk after the process imported it: a record made now would name the
+    code on disk, not the code that runs (``changed_on_disk``)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -495,11 +500,39 @@ def input_digest(key: str) -> Optional[str]:
     raise UnitError(f"unknown input kind {kind!r} in a record ({key})")
 
 
+def changed_on_disk(modules: Iterable[str]) -> List[str]:
+    """The files of ``modules`` that this process has imported and that changed on disk since the package was
+    imported (``project.IMPORTED_AT_NS``, before any of its other modules): the code running may not be the code on
+    disk. Conservative: a module first imported after such a change is listed too."""
+    from . import project
+
+    changed = []
+    for module in modules:
+        loaded = sys.modules.get(_full(module))
+        path = getattr(loaded, "__file__", None)
+        try:
+            if path and os.stat(path).st_mtime_ns > project.IMPORTED_AT_NS:
+                changed.append(os.path.relpath(path, PACKAGE_DIR.parent))
+        except OSError:
+            changed.append(str(path))
+    return sorted(set(changed))
+
+
 def record_for(modules: Iterable[str], definitions: Iterable[str] = (), inputs: Optional[Mapping[str, str]] = None,
                git: Optional[str] = None) -> Dict[str, Any]:
     """The code record of a result that used ``modules`` (every definition) and ``definitions``
     (``"module:name"``): its units at their versions, their implementation hashes, and ``inputs`` (e.g.
-    ``checkpoint_input``). A unit the lock does not know is recorded at version 1 (what certifying it gives)."""
+    ``checkpoint_input``). A unit the lock does not know is recorded at version 1 (what certifying it gives).
+    Raises ``CodeChangedError`` when a module with a unit changed on disk after this process imported it: the
+    hashes are read from the files, and the record must name the code that runs."""
+    modules = list(modules)
+    definitions = list(definitions)
+    semantic = [m for m in modules + [d.partition(":")[0] for d in definitions] if units_of_module(m)]
+    changed = changed_on_disk(semantic)
+    if changed:
+        raise CodeChangedError(f"{', '.join(changed)} changed on disk after this process imported ftta_core: a "
+                               "record made now would name code this process does not run; start a new process "
+                               "(restart the kernel) to record runs")
     found: Set[str] = set()
     for module in modules:
         found |= units_of_module(module)

@@ -188,3 +188,43 @@ def test_a_job_whose_worker_dies_is_retried_and_the_other_jobs_go_on(tmp_path):
     assert stored == ["dies_once", "fedavg"]  # the retried job and the plain one
     assert "1 finished after a retry; 0 left to another process running them; 1 failed" in lines[-2]
     assert lines[-1] == f"failed: bn/fedtsa_niid/dies_always/seed0: {always['error']}"
+
+
+STALE_CODE_PLUGIN = '''import multiprocessing
+from pathlib import Path
+
+import ftta_core.project
+
+MARK = Path({mark!r})
+if multiprocessing.parent_process() is not None and not MARK.exists():
+    # the first worker only (not the command's process): its package "was imported before every file changed"
+    MARK.write_text("stale")
+    ftta_core.project.IMPORTED_AT_NS = 0
+'''
+
+
+def test_a_worker_whose_code_changed_on_disk_exits_and_a_fresh_worker_runs_the_job(tmp_path):
+    """Real worker processes: the first worker finds its code older than the files (``units.CodeChangedError``
+    when the run would record its code), exits with ``CODE_CHANGED_EXIT`` instead of storing a run under code it
+    does not run, and a fresh worker runs the job and stores it; no attempt is counted against the job."""
+    import subprocess
+    import sys
+
+    from ftta_core.plan_runner import CODE_CHANGED_EXIT
+
+    plugin = tmp_path / "stale.py"
+    plugin.write_text(STALE_CODE_PLUGIN.format(mark=str(tmp_path / "stale-once")))
+    results = tmp_path / "r"
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text(json.dumps({"config": dict(BASE.to_dict(), strategy="fedavg"), "results_dir": str(results)})
+                    + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FTTA_PARTIAL_DIR": str(tmp_path / "partial")}
+    done = subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", "2", "--threads",
+                           "1", "--plugin", str(plugin)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r["job"] for r in records if "restart" in r] == ["bn/fedtsa_niid/fedavg/seed0"], records
+    (final,) = [r for r in records if "restart" not in r]
+    assert final["runs"] == 1 and "attempts" not in final and "error" not in final, final
+    assert "changed on disk after this process imported ftta_core" in done.stderr
+    assert CODE_CHANGED_EXIT == 75 and len(list(results.glob("*.json"))) == 1

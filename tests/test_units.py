@@ -226,3 +226,24 @@ def test_definition_hashes_are_kept_on_disk_by_source_and_hashing_code(tmp_path,
     monkeypatch.setattr(units, "_hasher_digest", lambda: "another hasher")
     units.source_definitions(text)
     assert len(list((tmp_path / units.DEFINITIONS_CACHE).glob("*.json"))) == 3
+
+
+def test_a_record_refuses_code_that_changed_on_disk_after_this_process_imported_it(monkeypatch):
+    """A module this process imported whose file is newer than the package's import (an edit while a kernel or a
+    plan worker lives on) would be recorded by its file, not by the code that runs: ``record_for`` refuses, naming
+    the file; a module not imported yet (it will be imported from that file) is not counted."""
+    import sys
+
+    import ftta_core
+    from ftta_core.build import code_record
+    import ftta_core.tta.basic  # noqa: F401  (imported: Tent's module)
+
+    assert units.changed_on_disk(["tta.basic"]) == []
+    code_record("tent", "fedavg")  # nothing changed since the import: recorded
+    monkeypatch.setattr(ftta_core.project, "IMPORTED_AT_NS", 0)  # as if every file was written after the import
+    assert units.changed_on_disk(["tta.basic", "ftta_core.tta.basic"]) == ["ftta_core/tta/basic.py"]
+    with pytest.raises(units.CodeChangedError, match=r"ftta_core/tta/basic\.py.*changed on disk after this process "
+                       r"imported ftta_core.*start a new process"):
+        code_record("tent", "fedavg")
+    monkeypatch.delitem(sys.modules, "ftta_core.tta.rdumb", raising=False)
+    assert units.changed_on_disk(["tta.rdumb"]) == []  # not imported: it will be read from the file
