@@ -127,13 +127,14 @@ def study_runs(only_cached: bool = True, clients: Sequence[str] = tuple(CLIENTS)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-PLAN_ORDER = (("niid", ("local", "fedavg", "fedtsa", "fedctta")), ("niid", ("pfedgraph",)),
-              ("iid", ("local", "fedavg", "fedtsa", "fedctta")), ("iid", ("pfedgraph",)))
+# the Table 1 strategies in both settings before pFedGraph in either: every client's answer then covers NIID and IID
+PLAN_ORDER = (("niid", ("local", "fedavg", "fedtsa", "fedctta")), ("iid", ("local", "fedavg", "fedtsa", "fedctta")),
+              ("niid", ("pfedgraph",)), ("iid", ("pfedgraph",)))
 
 
 def plan_in_order(clients: Sequence[str] = tuple(CLIENTS)) -> None:
-    """Ask for every run of the study in the order a CPU budget should spend them (``PLAN_ORDER``): NIID before
-    IID, the Table 1 strategies before pFedGraph, one client's three seeds complete before the next client's (a
+    """Ask for every run of the study in the order a CPU budget should spend them (``PLAN_ORDER``): the Table 1
+    strategies (NIID, then IID) before pFedGraph, one client's three seeds complete before the next client's (a
     client's verdicts need ``stats.MIN_SEEDS`` paired seeds), the check cell, then the replication of each
     complete setting's post-hoc best pair (``replication_runs``). With ``$FTTA_PLAN`` set this appends the missing
     runs to the plan in that order; the set of runs is ``study_runs``'s and ``replication_runs``'s."""
