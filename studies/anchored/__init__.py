@@ -179,9 +179,12 @@ def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
 
 
 def _bests(here: pd.DataFrame) -> Optional[Tuple[Tuple[str, str], str]]:
-    """((client, strategy) of the best federated mean, client of the best Local mean) of one setting's runs, None
-    when either side has no run."""
-    means = here.groupby(["client", "strategy"])["accuracy"].mean()
+    """((client, strategy) of the best federated mean, client of the best Local mean) of one setting's runs, among
+    the cells with every seed of ``SEEDS`` (a mean of fewer seeds is not compared with means of three); None when
+    either side has no such cell."""
+    here = here[here.seed.isin(SEEDS)]
+    complete = here.groupby(["client", "strategy"])["seed"].nunique() == len(SEEDS)
+    means = here.groupby(["client", "strategy"])["accuracy"].mean()[complete[complete].index]
     local = means[means.index.get_level_values("strategy") == "local"]
     fed = means[means.index.get_level_values("strategy") != "local"]
     if local.empty or fed.empty:
@@ -190,8 +193,9 @@ def _bests(here: pd.DataFrame) -> Optional[Tuple[Tuple[str, str], str]]:
 
 
 def best_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
-    """Per setting: the best federated (client, strategy) by mean accuracy against the best local client, paired by
-    seed, with ``stats.comparison``. The two bests are picked on the means of these very runs, so the row says
+    """Per setting: the best federated (client, strategy) by mean accuracy against the best local client (cells
+    with every seed of ``SEEDS``), paired by seed, with ``stats.comparison``. The two bests are picked on the means
+    of these very runs, so the row says
     which they are; the interval is for that pair (``replication_table`` tests it on unseen seeds)."""
     rows = []
     runs = runs[runs.cell == cell]
