@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from ..validation import check_choice
 from ..rng import torch_generator
 from .base import Scheduled, ServerInputs, Strategy, cosine_from_gram, gram_matrix, row_softmax
-from .fedtsa_compiled import compilable, compiled_round, iteration_for, one_torch_thread  # noqa: F401
+from .fedtsa_compiled import compilable, compiled_round, iteration_for, one_torch_thread
 from .ts_block import (AUGMENTATIONS, MASK_MODES, TSBlock, TSBlockOutput, bernoulli_uniforms,
                        sample_spatial_mask, sample_temporal_mask, similarity_mask)
 

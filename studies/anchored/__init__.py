@@ -195,8 +195,8 @@ def _bests(here: pd.DataFrame) -> Optional[Tuple[Tuple[str, str], str]]:
 def best_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
     """Per setting: the best federated (client, strategy) by mean accuracy against the best local client (cells
     with every seed of ``SEEDS``), paired by seed, with ``stats.comparison``. The two bests are picked on the means
-    of these very runs, so the row says
-    which they are; the interval is for that pair (``replication_table`` tests it on unseen seeds)."""
+    of these very runs (post hoc), so the row says which they are; the interval is for that pair
+    (``replication_table`` tests it on unseen seeds)."""
     rows = []
     runs = runs[runs.cell == cell]
     for setting, here in runs.groupby("setting", sort=False):
@@ -445,9 +445,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return plan_and_run(args.workers, args.plan)
 
 
-__all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "client_config", "reset_selection",
-           "chosen_reset", "study_runs", "plan_in_order", "PLAN_ORDER", "gains_table", "best_table", "grid_count", "best_pairs", "replication_runs", "replication_table",
-           "REPLICATION_SEEDS", "cost_table",
-           "reading", "gains_figure", "board",
-           "board_figure",
-           "plan_and_run", "main"]
+__all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "REPLICATION_SEEDS", "client_config",
+           "reset_selection", "chosen_reset", "study_runs", "plan_in_order", "PLAN_ORDER", "gains_table",
+           "best_table", "grid_count", "best_pairs", "replication_runs", "replication_table", "cost_table",
+           "reading", "gains_figure", "board", "board_figure", "plan_and_run", "main"]
