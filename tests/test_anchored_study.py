@@ -79,6 +79,33 @@ def test_tables_pair_by_seed_through_the_statistics_module():
     assert (cost["MB uploaded per client step"] > 0).all()
 
 
+def test_the_check_sets_each_tta_grad_gain_beside_the_drift_cells_at_its_seed():
+    runs = _fake_runs(anchored.study_runs(only_cached=True, clients=("plain",)))
+    check = anchored.check_table(runs)
+    assert len(check) == len(anchored.gains_table(runs, anchored.CHECK_CELL)) > 0 and set(check.setting) == {"niid"}
+
+    def accuracy(cell, client, strategy):
+        here = runs[(runs.cell == cell) & (runs.setting == "niid") & (runs.seed == anchored.CHECK_SEED)]
+        return float(here[(here.client == client) & (here.strategy == strategy)].accuracy.iloc[0])
+
+    for r in check.to_dict("records"):
+        base = "plain" if r["versus"] == "Local, plain client" else r["client"]
+        for cell, column in ((anchored.CHECK_CELL, "check cell gain"), (anchored.CELL, "drift cell gain, same seed")):
+            want = accuracy(cell, r["client"], r["strategy"]) - accuracy(cell, base, "local")
+            assert r[column] == pytest.approx(want)
+        assert r["check cell direction"] == anchored.direction(r["check cell gain"])
+        assert r["agree"] == (r["check cell direction"] == r["drift cell direction, same seed"])
+    alone = check[check.strategy == "local"].iloc[0]  # prox's Local is 3 points above plain's in both cells
+    assert alone["check cell direction"] == "ahead" and alone["agree"]
+    assert [anchored.direction(g) for g in (0.6, -0.6, 0.5, -0.2)] == ["ahead", "behind", "within margin",
+                                                                        "within margin"]
+    text = anchored.reading(anchored.gains_table(runs), anchored.best_table(runs), check=check)
+    assert f"of {len(check)} gains paired with the drift cell at that seed" in text
+    assert f"{int(check.agree.sum())} point the same way as in the drift cell" in text
+    empty = anchored.check_table(runs[runs.cell == anchored.CELL])
+    assert empty.empty and "agree" in empty.columns and anchored._check_reading(empty) == []
+
+
 def test_the_reading_says_when_nothing_is_stored():
     assert "No run" in anchored.reading(pd.DataFrame(), pd.DataFrame())
 

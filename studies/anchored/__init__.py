@@ -276,6 +276,53 @@ def replication_table(runs: pd.DataFrame, replication: pd.DataFrame) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def direction(gain: float, margin: float = stats.MARGIN) -> str:
+    """Which way one gain points: 'ahead' above ``margin``, 'behind' below ``-margin``, else 'within margin' (NaN
+    stays NaN). For a single seed, where no interval exists."""
+    if gain != gain:
+        return float("nan")  # type: ignore[return-value]
+    return "ahead" if gain > margin else "behind" if gain < -margin else "within margin"
+
+
+def check_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """The check: each pair of ``gains_table`` (NIID) in the paper's TTA-grad cell (``CHECK_CELL``) at ``CHECK_SEED``
+    beside the same pair in the drift cell at that seed and the drift cell's verdict over ``SEEDS``. One seed gives
+    no interval, so the check cell has no verdict: each gain gets a ``direction`` (beyond ``stats.MARGIN`` or
+    within it) and 'agree' says whether both cells point the same way at ``CHECK_SEED`` (NaN while a run is
+    missing)."""
+    keys = ["setting", "client", "strategy", "versus"]
+    columns = [*keys, "check cell gain", "check cell direction", "drift cell gain, same seed",
+               "drift cell direction, same seed", "drift cell gain", "drift cell verdict", "agree"]
+    check = gains_table(runs, CHECK_CELL)
+    if check.empty:
+        return pd.DataFrame(columns=columns)
+    out = check[keys + ["gain"]].rename(columns={"gain": "check cell gain"})
+    out = out.merge(gains_table(runs[runs.seed == CHECK_SEED], CELL)[keys + ["gain"]].rename(
+        columns={"gain": "drift cell gain, same seed"}), on=keys, how="left")
+    out = out.merge(gains_table(runs, CELL)[keys + ["gain", "comparison"]].rename(
+        columns={"gain": "drift cell gain", "comparison": "drift cell verdict"}), on=keys, how="left")
+    out["check cell direction"] = out["check cell gain"].map(direction)
+    out["drift cell direction, same seed"] = out["drift cell gain, same seed"].map(direction)
+    paired = out["check cell direction"].notna() & out["drift cell direction, same seed"].notna()
+    out["agree"] = (out["check cell direction"] == out["drift cell direction, same seed"]).where(paired)
+    return out[columns]
+
+
+def _check_reading(check: Optional[pd.DataFrame]) -> List[str]:
+    """One sentence on the TTA-grad check: per direction, how many of its gains point that way, and how many agree
+    with the drift cell at ``CHECK_SEED`` (no sentence while no check run is paired)."""
+    if check is None or check.empty:
+        return []
+    both = check.dropna(subset=["agree"])
+    if both.empty:
+        return []
+    counts = both["check cell direction"].value_counts()
+    told = ", ".join(f"{int(counts[d])} {d}" for d in ("ahead", "behind", "within margin") if d in counts)
+    return [f"Check, the paper's TTA-grad cell at seed {CHECK_SEED} (NIID; one seed: no interval, no verdict): of "
+            f"{len(both)} gains paired with the drift cell at that seed, {told} (margin ±{stats.MARGIN:g}); "
+            f"{int(both['agree'].astype(bool).sum())} point the same way as in the drift cell."]
+
+
 def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
     """Per strategy and client: the megabytes each client uploads per step (from the run records) beside its mean
     gain over Local with the same client, averaged over the settings."""
@@ -286,9 +333,10 @@ def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.
     return pd.concat([up, same.rename("mean gain over Local")], axis=1).dropna().reset_index()
 
 
-def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.DataFrame] = None) -> str:
-    """The answer in sentences computed from ``gains``, ``best`` and ``replication`` (``replication_table``; no
-    sentence is printed without its rows)."""
+def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.DataFrame] = None,
+            check: Optional[pd.DataFrame] = None) -> str:
+    """The answer in sentences computed from ``gains``, ``best``, ``replication`` (``replication_table``) and
+    ``check`` (``check_table``); no sentence is printed without its rows."""
     if gains.empty:
         return "No run of the anchored-client study is stored yet (python -m studies.anchored runs them)."
     lines = []
@@ -307,6 +355,7 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.Da
                      "on these runs' means: post hoc).")
     lines += _replication_reading(replication)
     lines += _drift_reading(gains)
+    lines += _check_reading(check)
     return "\n".join(lines)
 
 
@@ -445,7 +494,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return plan_and_run(args.workers, args.plan)
 
 
-__all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "REPLICATION_SEEDS", "client_config",
-           "reset_selection", "chosen_reset", "study_runs", "plan_in_order", "PLAN_ORDER", "gains_table",
-           "best_table", "grid_count", "best_pairs", "replication_runs", "replication_table", "cost_table",
-           "reading", "gains_figure", "board", "board_figure", "plan_and_run", "main"]
+__all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "REPLICATION_SEEDS", "CHECK_CELL",
+           "CHECK_SEED", "client_config", "reset_selection", "chosen_reset", "study_runs", "plan_in_order",
+           "PLAN_ORDER", "gains_table", "best_table", "grid_count", "best_pairs", "replication_runs",
+           "replication_table", "direction", "check_table", "cost_table", "reading",
+           "gains_figure", "board", "board_figure", "plan_and_run", "main"]
