@@ -231,8 +231,8 @@ display(tables.show(anchored_best.set_index("setting"), best=None, digits=2,
 display(tables.show(anchored_replication.set_index("setting"), best=None, digits=2,
                     caption="The same pair on unseen seeds "
                             f"{', '.join(map(str, anchored.REPLICATION_SEEDS))} (the post-hoc pick replicated)"))
-display(tables.show(anchored.cost_table(anchored_runs, anchored_gains).set_index(["strategy", "client"]), best=None,
-                    digits=2))
+display(tables.show(anchored.cost_table(anchored_runs, anchored_gains).set_index(["setting", "strategy", "client"]),
+                    best=None, digits=2, caption="What collaboration costs (upload per client step) for what it gains"))
 fig = anchored.gains_figure(anchored_gains)
 fig.savefig(Path(figure_dir) / "anchored_gains.png", dpi=120, bbox_inches="tight")
 anchored_check = anchored.check_table(anchored_runs)

@@ -76,7 +76,12 @@ def test_tables_pair_by_seed_through_the_statistics_module():
             assert f"{setting.upper()}, prox client: of the strategies ahead of Local with the plain client " \
                    f"({', '.join(ahead)})" in text
     cost = anchored.cost_table(runs, gains)
-    assert (cost["MB uploaded per client step"] > 0).all()
+    assert (cost["MB uploaded per client step"] > 0).all() and set(cost.setting) == set(anchored.SETTINGS)
+    same = gains[gains.versus == "Local, same client"]
+    assert len(cost) == len(same) and set(cost.strategy) == set(same.strategy)  # one row per pair, per setting
+    for r in cost.to_dict("records"):
+        g = same[(same.setting == r["setting"]) & (same.strategy == r["strategy"]) & (same.client == r["client"])]
+        assert r["gain over Local"] == pytest.approx(float(g.gain.iloc[0]))
 
 
 def test_the_check_sets_each_tta_grad_gain_beside_the_drift_cells_at_its_seed():

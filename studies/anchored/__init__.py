@@ -324,13 +324,14 @@ def _check_reading(check: Optional[pd.DataFrame]) -> List[str]:
 
 
 def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
-    """Per strategy and client: the megabytes each client uploads per step (from the run records) beside its mean
-    gain over Local with the same client, averaged over the settings."""
+    """Per setting, strategy and client: the megabytes each client uploads per step (from the run records) beside
+    the strategy's gain over Local with the same client (``gains_table``: its interval and verdict), one row per
+    pair with a gain (settings are never averaged together)."""
     runs = runs[runs.cell == cell]
-    up = (runs.groupby(["strategy", "client"])["upload_bytes_per_client_step"].mean() / 1e6).rename(
-        "MB uploaded per client step")
-    same = gains[gains.versus == "Local, same client"].groupby(["strategy", "client"])["gain"].mean()
-    return pd.concat([up, same.rename("mean gain over Local")], axis=1).dropna().reset_index()
+    keys = ["setting", "strategy", "client"]
+    up = (runs.groupby(keys)["upload_bytes_per_client_step"].mean() / 1e6).rename("MB uploaded per client step")
+    same = gains[gains.versus == "Local, same client"].set_index(keys)[["gain", "low", "high", "comparison"]]
+    return pd.concat([up, same.rename(columns={"gain": "gain over Local"})], axis=1, join="inner").reset_index()
 
 
 def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.DataFrame] = None,
