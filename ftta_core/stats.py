@@ -197,6 +197,15 @@ def comparison(est: Estimate, margin: float = MARGIN) -> str:
     return "undetermined"
 
 
+def direction(difference: float, margin: float = MARGIN) -> str:
+    """Which way one seed's difference points, where no interval exists (a check run at a single seed): 'ahead'
+    above ``margin``, 'behind' below ``-margin``, 'within the margin' otherwise, 'no run' for NaN. A description,
+    never a verdict: ``comparison`` of the same single seed is 'undetermined'."""
+    if np.isnan(difference):
+        return "no run"
+    return "ahead" if difference > margin else "behind" if difference < -margin else "within the margin"
+
+
 def comparison_phrase(a: pd.Series, b: pd.Series, name_a: str, name_b: str) -> str:
     """'A - B = +0.12 [-0.50, +0.74] (3 seeds): undetermined', from ``paired`` and ``comparison``."""
     est = paired(a, b)

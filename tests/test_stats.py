@@ -95,6 +95,14 @@ def test_comparison_identical_few_seeds_and_no_seed():
     assert stats.comparison_phrase(a, pd.Series({5: 1.0}), "A", "B") == "A - B: no seed has both"
 
 
+def test_direction_of_one_seed_is_a_description_beyond_or_within_the_margin():
+    assert [stats.direction(d) for d in (0.6, -0.6, 0.5, -0.5, 0.0, float("nan"))] == \
+        ["ahead", "behind", "within the margin", "within the margin", "within the margin", "no run"]
+    assert stats.direction(0.6, margin=1.0) == "within the margin"
+    one = stats.paired(pd.Series({0: 73.0}), pd.Series({0: 70.0}))  # 3 points at one seed: a direction, no verdict
+    assert stats.direction(one.mean) == "ahead" and stats.comparison(one) == "undetermined"
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 7, 10, 30])
 def test_t_interval_equals_scipys(n):
     from scipy import stats as st

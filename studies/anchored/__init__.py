@@ -276,18 +276,10 @@ def replication_table(runs: pd.DataFrame, replication: pd.DataFrame) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def direction(gain: float, margin: float = stats.MARGIN) -> str:
-    """Which way one gain points: 'ahead' above ``margin``, 'behind' below ``-margin``, else 'within margin' (NaN
-    stays NaN). For a single seed, where no interval exists."""
-    if gain != gain:
-        return float("nan")  # type: ignore[return-value]
-    return "ahead" if gain > margin else "behind" if gain < -margin else "within margin"
-
-
 def check_table(runs: pd.DataFrame) -> pd.DataFrame:
     """The check: each pair of ``gains_table`` (NIID) in the paper's TTA-grad cell (``CHECK_CELL``) at ``CHECK_SEED``
     beside the same pair in the drift cell at that seed and the drift cell's verdict over ``SEEDS``. One seed gives
-    no interval, so the check cell has no verdict: each gain gets a ``direction`` (beyond ``stats.MARGIN`` or
+    no interval, so the check cell has no verdict: each gain gets a ``stats.direction`` (beyond ``stats.MARGIN`` or
     within it) and 'agree' says whether both cells point the same way at ``CHECK_SEED`` (NaN while a run is
     missing)."""
     keys = ["setting", "client", "strategy", "versus"]
@@ -301,9 +293,9 @@ def check_table(runs: pd.DataFrame) -> pd.DataFrame:
         columns={"gain": "drift cell gain, same seed"}), on=keys, how="left")
     out = out.merge(gains_table(runs, CELL)[keys + ["gain", "comparison"]].rename(
         columns={"gain": "drift cell gain", "comparison": "drift cell verdict"}), on=keys, how="left")
-    out["check cell direction"] = out["check cell gain"].map(direction)
-    out["drift cell direction, same seed"] = out["drift cell gain, same seed"].map(direction)
-    paired = out["check cell direction"].notna() & out["drift cell direction, same seed"].notna()
+    out["check cell direction"] = out["check cell gain"].map(stats.direction)
+    out["drift cell direction, same seed"] = out["drift cell gain, same seed"].map(stats.direction)
+    paired = out["check cell gain"].notna() & out["drift cell gain, same seed"].notna()
     out["agree"] = (out["check cell direction"] == out["drift cell direction, same seed"]).where(paired)
     return out[columns]
 
@@ -317,7 +309,7 @@ def _check_reading(check: Optional[pd.DataFrame]) -> List[str]:
     if both.empty:
         return []
     counts = both["check cell direction"].value_counts()
-    told = ", ".join(f"{int(counts[d])} {d}" for d in ("ahead", "behind", "within margin") if d in counts)
+    told = ", ".join(f"{int(counts[d])} {d}" for d in ("ahead", "behind", "within the margin") if d in counts)
     return [f"Check, the paper's TTA-grad cell at seed {CHECK_SEED} (NIID; one seed: no interval, no verdict): of "
             f"{len(both)} gains paired with the drift cell at that seed, {told} (margin ±{stats.MARGIN:g}); "
             f"{int(both['agree'].astype(bool).sum())} point the same way as in the drift cell."]
@@ -498,5 +490,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 __all__ = ["CLIENTS", "STRATEGIES", "SEEDS", "SETTINGS", "RESET_GRID", "REPLICATION_SEEDS", "CHECK_CELL",
            "CHECK_SEED", "client_config", "reset_selection", "chosen_reset", "study_runs", "plan_in_order",
            "PLAN_ORDER", "gains_table", "best_table", "grid_count", "best_pairs", "replication_runs",
-           "replication_table", "direction", "check_table", "cost_table", "reading",
+           "replication_table", "check_table", "cost_table", "reading",
            "gains_figure", "board", "board_figure", "plan_and_run", "main"]
