@@ -9,6 +9,10 @@ the labelled phases (recording, checks). Absolute numbers depend on the machine 
 
     python benchmarks/where_time_goes.py [--device cpu|cuda] [--steps 20] [--cases bn+fedavg bn+fedtsa ...] [--top 8]
 
+The ``drift-<client>+<strategy>`` cases profile the anchored-clients study's drift cell (``studies.anchored``):
+``python benchmarks/where_time_goes.py --steps 10 --cases drift-prox+local drift-prox+fedctta --out
+benchmarks/results/where_time_goes_drift_cpu.json``.
+
 Also the protocol's wall time per strategy: ms per step of an un-profiled run of the same steps x 750 (one strategy
 per run; ``study fedtsa table --tta bn`` shares the local phase between baselines and is faster than their sum).
 """
@@ -31,6 +35,10 @@ BN_STRATEGIES = ("local", "fedavg", "fedavg_ft", "fedprox", "fedavgm", "fedamp",
                  "ldawa", "fedtsa", "fedctta")
 CASES = {f"bn+{s}": ("bn", s) for s in BN_STRATEGIES}  # name -> (TTA setting of Table 1, strategy)
 CASES.update({"grad+local": ("grad", "local"), "grad+fedavg": ("grad", "fedavg"), "grad+fedtsa": ("grad", "fedtsa")})
+# the anchored-clients study's drift cell (running BN, Adam 3e-4, all parameters): "drift-<client>+<strategy>"
+DRIFT_CLIENTS = ("plain", "prox", "restore", "fisher", "reset")
+DRIFT_STRATEGIES = ("local", "fedavg", "fedtsa", "fedctta", "pfedgraph")
+CASES.update({f"drift-{c}+{s}": (f"drift-{c}", s) for c in DRIFT_CLIENTS for s in DRIFT_STRATEGIES})
 PROTOCOL_STEPS = 750  # the FedTSA CIFAR-10-C protocol: 15 corruptions x 50 steps
 DEFAULT_CASES = [*(f"bn+{s}" for s in BN_STRATEGIES), "grad+local", "grad+fedavg"]
 
@@ -38,6 +46,14 @@ DEFAULT_CASES = [*(f"bn+{s}" for s in BN_STRATEGIES), "grad+local", "grad+fedavg
 def protocol_config(case: str, steps: int, device: str) -> ExperimentConfig:
     """Table 1's NIID protocol config for ``case``, truncated to ``steps``."""
     tta, strategy = CASES[case]
+    if tta.startswith("drift-"):  # the study's own config: its anchor strengths and the reset period it chose
+        import dataclasses
+
+        from studies import anchored
+
+        period = anchored.chosen_reset(anchored.reset_selection()) if tta == "drift-reset" else None
+        cfg = anchored.client_config(tta.removeprefix("drift-"), "niid", reset_every=period)
+        return dataclasses.replace(cfg, strategy=strategy, device=device, max_steps=steps)
     return ExperimentConfig(dataset="cifar10", scenario="fedtsa_niid", clients=20, batch_size=10,
                             images_per_client=500, severity=5, strategy=strategy, device=device, max_steps=steps,
                             **TTA_SETTINGS[tta])
@@ -89,7 +105,13 @@ def main() -> None:
     parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=list(CASES))
     parser.add_argument("--top", type=int, default=8, help="operators listed per case")
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/where_time_goes_DEVICE.json)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's; run-plan uses 1)")
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    from ftta_core.allocator import keep_freed_memory
+
+    keep_freed_memory()  # as `python -m ftta_core run` and run-plan's workers do
     device_kind = "cuda" if args.device.startswith("cuda") else "cpu"
     out = Path(args.out or Path(__file__).parent / "results" / f"where_time_goes_{device_kind}.json")
     results = []
@@ -97,7 +119,9 @@ def main() -> None:
         results.append(profile_case(case, args.steps, args.device, args.top))
         print(f"{case}: {results[-1]['ms_per_step_unprofiled']:.0f} ms/step", flush=True)
     command = "python benchmarks/where_time_goes.py " + " ".join(
-        [f"--device {args.device}", f"--steps {args.steps}", f"--top {args.top}", "--cases " + " ".join(args.cases)])
+        [f"--device {args.device}", f"--steps {args.steps}", f"--top {args.top}", "--cases " + " ".join(args.cases)]
+        + ([f"--threads {args.threads}"] if args.threads is not None else [])
+        + ([f"--out {args.out}"] if args.out else []))
     meta = {"command": command, "torch": torch.__version__, "threads": torch.get_num_threads(),
             "machine": platform.processor() or platform.machine(), "device": args.device}
     out.parent.mkdir(parents=True, exist_ok=True)
