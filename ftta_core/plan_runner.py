@@ -11,7 +11,9 @@ jobs go on; a job still failing after that is reported with ``error`` and the at
 exits non-zero. With ``workers=1`` the jobs run in this process (nothing to retry: a kill ends the command, and
 running it again resumes). A worker whose code changed on disk after it started (an edit during a long plan) exits
 instead of recording a run under code it does not run (``units.CodeChangedError``), and a fresh worker takes the
-job, without counting an attempt.
+job, without counting an attempt. A worker never outlives the command: however the command ends (SIGTERM,
+SIGKILL, a crash), its workers exit at once (``PARENT_GONE_EXIT``), and their runs resume from their last checkpoint
+when the plan runs again.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from .variants import strategy_variants
 
 CODE_CHANGED_EXIT = 75  # a worker's exit status when its code changed on disk (EX_TEMPFAIL): run the job again
 CODE_CHANGED_RESTARTS = 3  # fresh workers a job gets for that reason before it counts as a death
+PARENT_GONE_EXIT = 76  # a worker's exit status when the command that started it is gone
 
 
 def pending_runs(job: PlannedJob) -> int:
@@ -108,9 +112,28 @@ def died_how(exitcode: Optional[int]) -> str:
     return f"exit status {exitcode}"
 
 
+def _exit_with_parent() -> None:
+    """In a worker process: exit (``PARENT_GONE_EXIT``) as soon as the process that started it is gone, however it
+    ended. Otherwise a killed command leaves its workers computing jobs nobody waits for, holding their runs' locks
+    (a new ``run-plan`` would leave those jobs to them); every run is resumable from its last checkpoint."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])  # readable once the parent has exited
+        print(f"worker {os.getpid()}: the run-plan command that started it is gone; exiting (its run resumes from "
+              "its last checkpoint)", file=sys.stderr, flush=True)
+        os._exit(PARENT_GONE_EXIT)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _worker_main(conn: Connection, threads: int) -> None:
     """A worker process: set up once (``_init_worker``), then run the jobs it is sent (``(index, job,
-    deadline)``) one at a time and send back ``(index, result)``; ``None`` ends it."""
+    deadline)``) one at a time and send back ``(index, result)``; ``None`` ends it, and so does the end of the
+    command that started it (``_exit_with_parent``)."""
+    _exit_with_parent()
     _init_worker(threads)
     while True:
         try:
@@ -280,4 +303,4 @@ def run_plan(jobs: Sequence[PlannedJob], workers: int = 1, deadline_s: Optional[
     return done
 
 
-__all__ = ["pending_runs", "run_job", "run_plan", "WorkerPool"]
+__all__ = ["CODE_CHANGED_EXIT", "PARENT_GONE_EXIT", "pending_runs", "run_job", "run_plan", "WorkerPool"]

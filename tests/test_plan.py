@@ -228,3 +228,81 @@ def test_a_worker_whose_code_changed_on_disk_exits_and_a_fresh_worker_runs_the_j
     assert final["runs"] == 1 and "attempts" not in final and "error" not in final, final
     assert "changed on disk after this process imported ftta_core" in done.stderr
     assert CODE_CHANGED_EXIT == 75 and len(list(results.glob("*.json"))) == 1
+
+
+HANGING_PLUGIN = '''import os
+import time
+from pathlib import Path
+
+from ftta_core import register_strategy
+from ftta_core.strategies import FedAvg
+
+MARK = Path({mark!r})
+
+
+@register_strategy("hangs_once")
+class HangsOnce(FedAvg):
+    """FedAvg whose worker writes its pid and sleeps at its first server step, the first time only."""
+
+    def collaboration(self, inputs):
+        if not MARK.exists():
+            MARK.write_text(str(os.getpid()))
+            time.sleep(600)
+        return super().collaboration(inputs)
+'''
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` is still running (a zombie waiting to be reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            state = next(line for line in fh if line.startswith("State:"))
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state.split()[1] not in ("Z", "X")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads process states from /proc")
+def test_a_killed_command_leaves_no_worker_running_and_its_job_runs_again(tmp_path):
+    """Real worker processes: SIGKILL the run-plan command while its worker runs a job; the worker exits within
+    seconds (it would otherwise compute on, holding the run's lock), and the next run-plan runs that job itself
+    (not left to 'another process') and stores it."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ftta_core.plan_runner import PARENT_GONE_EXIT
+
+    mark = tmp_path / "worker-pid"
+    plugin = tmp_path / "hanging.py"
+    plugin.write_text(HANGING_PLUGIN.format(mark=str(mark)))
+    results = tmp_path / "r"
+    plan = tmp_path / "plan.jsonl"
+    plan.write_text(json.dumps({"config": dict(BASE.to_dict(), strategy="hangs_once"), "results_dir": str(results)})
+                    + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FTTA_PARTIAL_DIR": str(tmp_path / "partial")}
+    command = [sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", "2", "--threads", "1",
+               "--plugin", str(plugin)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.time() + 300
+        while not (mark.exists() and mark.read_text()) and first.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert mark.exists(), first.communicate(timeout=60)
+        worker = int(mark.read_text())
+        assert _alive(worker)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    deadline = time.time() + 60
+    while _alive(worker) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _alive(worker), f"worker {worker} still runs after its command was killed"
+    assert PARENT_GONE_EXIT == 76
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    (final,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert final["runs"] == 1 and "elsewhere" not in final and "error" not in final, final
+    assert len(list(results.glob("*.json"))) == 1
