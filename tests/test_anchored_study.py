@@ -206,6 +206,8 @@ def test_the_post_hoc_best_pair_waits_for_the_complete_grid_then_is_read_on_unse
     seeds = ", ".join(map(str, anchored.REPLICATION_SEEDS))
     assert "(both picked on these runs' means: post hoc)" in text
     assert f"NIID: replicated on unseen seeds {seeds}: fedctta + prox minus local + restore = +1.00" in text
+    assert f"({len(anchored.REPLICATION_SEEDS)} seeds): {row['comparison']}." in text  # a count, never 3.0
+    assert table["seeds"].dtype == "Int64" and pd.isna(table.loc["iid", "seeds"])
     assert "IID: the replication on unseen seeds" in text and "waits for the complete grid" in text
 
 

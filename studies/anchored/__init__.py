@@ -273,7 +273,10 @@ def replication_table(runs: pd.DataFrame, replication: pd.DataFrame) -> pd.DataF
                      "comparison": stats.comparison(est),
                      "status": "replicated" if done else
                      f"waits for runs ({est.n} of {len(REPLICATION_SEEDS)} seeds paired)"})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if "seeds" in table:  # a count: a waiting row's NaN must not make it 3.0
+        table["seeds"] = table["seeds"].astype("Int64")
+    return table
 
 
 def check_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -364,7 +367,7 @@ def _replication_reading(replication: Optional[pd.DataFrame]) -> List[str]:
             continue
         lines.append(f"{r['setting'].upper()}: replicated on unseen seeds {seeds}: {r['best federated']} minus "
                      f"{r['best local']} = {r['difference']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}] "
-                     f"({r['seeds']} seeds): {r['comparison']}.")
+                     f"({int(r['seeds'])} seeds): {r['comparison']}.")
     return lines
 
 
