@@ -125,8 +125,9 @@ def test_several_plans_are_one_queue_in_the_order_given_each_job_once(tmp_path, 
 # ---------------------------------------------------------------------------------------------------------------
 # workers that die
 
-DYING_PLUGIN = '''import os
+WORKER_PLUGIN = '''import os
 import signal
+import time
 from pathlib import Path
 
 from ftta_core import register_strategy
@@ -152,6 +153,18 @@ class DiesAlways(FedAvg):
 
     def collaboration(self, inputs):
         os._exit(3)
+
+
+@register_strategy("hangs_once")
+class HangsOnce(FedAvg):
+    """FedAvg whose worker writes its pid to the marker file and sleeps at its first server step, the first time
+    only."""
+
+    def collaboration(self, inputs):
+        if not MARK.exists():
+            MARK.write_text(str(os.getpid()))
+            time.sleep(600)
+        return super().collaboration(inputs)
 '''
 
 
@@ -163,7 +176,7 @@ def test_a_job_whose_worker_dies_is_retried_and_the_other_jobs_go_on(tmp_path):
     import sys
 
     plugin = tmp_path / "dying.py"
-    plugin.write_text(DYING_PLUGIN.format(mark=str(tmp_path / "died-once")))
+    plugin.write_text(WORKER_PLUGIN.format(mark=str(tmp_path / "died-once")))
     results = tmp_path / "r"
     plan = tmp_path / "plan.jsonl"
     strategies = ["dies_once", "dies_always", "fedavg"]
@@ -230,28 +243,6 @@ def test_a_worker_whose_code_changed_on_disk_exits_and_a_fresh_worker_runs_the_j
     assert CODE_CHANGED_EXIT == 75 and len(list(results.glob("*.json"))) == 1
 
 
-HANGING_PLUGIN = '''import os
-import time
-from pathlib import Path
-
-from ftta_core import register_strategy
-from ftta_core.strategies import FedAvg
-
-MARK = Path({mark!r})
-
-
-@register_strategy("hangs_once")
-class HangsOnce(FedAvg):
-    """FedAvg whose worker writes its pid and sleeps at its first server step, the first time only."""
-
-    def collaboration(self, inputs):
-        if not MARK.exists():
-            MARK.write_text(str(os.getpid()))
-            time.sleep(600)
-        return super().collaboration(inputs)
-'''
-
-
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` is still running (a zombie waiting to be reaped has ended)."""
     try:
@@ -276,7 +267,7 @@ def test_a_killed_command_leaves_no_worker_running_and_its_job_runs_again(tmp_pa
 
     mark = tmp_path / "worker-pid"
     plugin = tmp_path / "hanging.py"
-    plugin.write_text(HANGING_PLUGIN.format(mark=str(mark)))
+    plugin.write_text(WORKER_PLUGIN.format(mark=str(mark)))
     results = tmp_path / "r"
     plan = tmp_path / "plan.jsonl"
     plan.write_text(json.dumps({"config": dict(BASE.to_dict(), strategy="hangs_once"), "results_dir": str(results)})
