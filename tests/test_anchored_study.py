@@ -224,3 +224,28 @@ def test_the_replication_is_planned_once_the_grid_is_complete(tmp_path, monkeypa
         [("tentprox", "fedctta", s) for s in anchored.REPLICATION_SEEDS]
         + [("tentrestore", "local", s) for s in anchored.REPLICATION_SEEDS])
     assert all(j["scenario"] == "fedtsa_niid" and j["local_params"]["lr"] == anchored.DRIFT_STEP for j in jobs)
+
+
+def test_one_call_plans_and_runs_round_after_round_until_planning_adds_nothing(tmp_path, monkeypatch):
+    # round 1 plans the reset selection, round 2 (after it ran) the grid, round 3 the replication, round 4 nothing
+    import subprocess
+
+    from ftta_core.plan import add_to_plan, read_plan
+
+    plan = tmp_path / "plan.jsonl"
+    rounds = iter([[0, 1], [0, 1, 5], [0, 1, 5, 6], [0, 1, 5, 6], [9]])
+
+    def plan_in_order():
+        for seed in next(rounds):
+            add_to_plan({"seed": seed}, tmp_path)
+
+    ran = []
+    monkeypatch.setattr(anchored, "plan_in_order", plan_in_order)
+    monkeypatch.setattr(subprocess, "run",
+                        lambda cmd: ran.append(len(read_plan(plan))) or subprocess.CompletedProcess(cmd, 0))
+    assert anchored.plan_and_run(2, plan) == 0
+    assert ran == [2, 3, 4] and len(read_plan(plan)) == 4
+    # a failing run-plan ends the call with its status, and nothing is planned after it
+    rounds = iter([[7]])
+    monkeypatch.setattr(subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 75))
+    assert anchored.plan_and_run(2, tmp_path / "other.jsonl") == 75

@@ -458,25 +458,35 @@ def board_figure(runs: pd.DataFrame) -> Any:
     return fig
 
 
-def plan_and_run(workers: int, plan: Path) -> int:
-    """Plan the missing runs (reset selection first, then the study), run the plan, and repeat once the reset
-    period is known. Returns run-plan's exit status."""
+def plan_and_run(workers: int, plan: Path, rounds: int = 4) -> int:
+    """Plan the missing runs (``plan_in_order``), run the plan, and plan again until planning adds no job: the
+    reset client's runs can be planned only once its period is chosen, a setting's replication only once its grid is
+    complete, so one call runs the whole study (at most ``rounds`` rounds). Returns run-plan's exit status."""
     import subprocess
     import sys
 
-    def once() -> int:
+    from ftta_core.plan import read_plan
+
+    def planned() -> int:
+        return len(read_plan(plan)) if plan.exists() else 0
+
+    before = -1
+    for _ in range(rounds):
         os.environ["FTTA_PLAN"] = str(plan)
         try:
             plan_in_order()
         finally:
             os.environ.pop("FTTA_PLAN", None)
-        if not plan.exists():
+        if planned() == before:
+            return 0  # this round planned nothing new: every run of the study is stored
+        before = planned()
+        if before == 0:
             return 0
-        return subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", str(workers),
-                               "--threads", "1"]).returncode
-
-    rc = once()
-    return rc or once()  # the reset client's runs can be planned only after its period is chosen
+        rc = subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", str(workers),
+                             "--threads", "1"]).returncode
+        if rc:
+            return rc
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
