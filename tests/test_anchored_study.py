@@ -226,26 +226,36 @@ def test_the_replication_is_planned_once_the_grid_is_complete(tmp_path, monkeypa
     assert all(j["scenario"] == "fedtsa_niid" and j["local_params"]["lr"] == anchored.DRIFT_STEP for j in jobs)
 
 
-def test_one_call_plans_and_runs_round_after_round_until_planning_adds_nothing(tmp_path, monkeypatch):
-    # round 1 plans the reset selection, round 2 (after it ran) the grid, round 3 the replication, round 4 nothing
+def test_one_call_runs_the_grid_then_its_replication_then_the_check_and_stops_when_nothing_is_planned(
+        tmp_path, monkeypatch):
+    # the grid (seeds 0, 1), its replication (5, plannable once the grid is stored) and the check (100); a fake
+    # run-plan stores the jobs of the file it is given that are not stored yet, in order
     import subprocess
 
     from ftta_core.plan import add_to_plan, read_plan
 
     plan = tmp_path / "plan.jsonl"
-    rounds = iter([[0, 1], [0, 1, 5], [0, 1, 5, 6], [0, 1, 5, 6], [9]])
+    stored, ran = set(), []
 
-    def plan_in_order():
-        for seed in next(rounds):
-            add_to_plan({"seed": seed}, tmp_path)
+    def plan_in_order(check=True):
+        wanted = [0, 1] + ([100] if check else []) + ([5] if {0, 1} <= stored else [])
+        for seed in wanted:
+            if seed not in stored:
+                add_to_plan({"seed": seed}, tmp_path)
 
-    ran = []
+    def run_plan(cmd):
+        for job in read_plan(cmd[cmd.index("run-plan") + 1]):
+            if job.config["seed"] not in stored:
+                ran.append(job.config["seed"])
+                stored.add(job.config["seed"])
+        return subprocess.CompletedProcess(cmd, 0)
+
     monkeypatch.setattr(anchored, "plan_in_order", plan_in_order)
-    monkeypatch.setattr(subprocess, "run",
-                        lambda cmd: ran.append(len(read_plan(plan))) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(subprocess, "run", run_plan)
     assert anchored.plan_and_run(2, plan) == 0
-    assert ran == [2, 3, 4] and len(read_plan(plan)) == 4
-    # a failing run-plan ends the call with its status, and nothing is planned after it
-    rounds = iter([[7]])
+    assert ran == [0, 1, 5, 100]  # the replication ran before the check, though the check was planned first
+    assert sorted(j.config["seed"] for j in read_plan(plan)) == [0, 1, 5, 100]  # the committed plan holds all
+    # a failing run-plan ends the call with its status
+    stored.clear()
     monkeypatch.setattr(subprocess, "run", lambda cmd: subprocess.CompletedProcess(cmd, 75))
     assert anchored.plan_and_run(2, tmp_path / "other.jsonl") == 75

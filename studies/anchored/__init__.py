@@ -29,7 +29,8 @@ never from this study's outcomes):
 
 The paper's own TTA-grad cell (``CHECK_CELL``: SGD 1e-4, batch BN) is run at one seed (``CHECK_SEED``) as a check
 that the answer is not an artefact of the drift cell. ``python -m studies.anchored`` plans every missing run
-(``FTTA_PLAN``) and runs the plan (resumable: stored runs are skipped, each run is stored as it finishes).
+(``FTTA_PLAN``) and runs them, the grid and each setting's replication before the check cell, planning again until
+nothing is missing (``plan_and_run``; resumable: stored runs are skipped, each run is stored as it finishes).
 """
 from __future__ import annotations
 
@@ -132,19 +133,21 @@ PLAN_ORDER = (("niid", ("local", "fedavg", "fedtsa", "fedctta")), ("iid", ("loca
               ("niid", ("pfedgraph",)), ("iid", ("pfedgraph",)))
 
 
-def plan_in_order(clients: Sequence[str] = tuple(CLIENTS)) -> None:
+def plan_in_order(clients: Sequence[str] = tuple(CLIENTS), check: bool = True) -> None:
     """Ask for every run of the study in the order a CPU budget should spend them (``PLAN_ORDER``): the Table 1
     strategies (NIID, then IID) before pFedGraph, one client's three seeds complete before the next client's (a
     client's verdicts need ``stats.MIN_SEEDS`` paired seeds), the check cell, then the replication of each
     complete setting's post-hoc best pair (``replication_runs``). With ``$FTTA_PLAN`` set this appends the missing
-    runs to the plan in that order; the set of runs is ``study_runs``'s and ``replication_runs``'s."""
+    runs to the plan in that order; the set of runs is ``study_runs``'s and ``replication_runs``'s. ``check=False``
+    leaves the check cell out (``plan_and_run`` runs the answer's runs first)."""
     period = chosen_reset(reset_selection(only_cached=False))
     for setting, strategies in PLAN_ORDER:
         for client in clients:
             if client == "reset" and period is None:
                 continue
             _grid(client_config(client, setting, reset_every=period), strategies, SEEDS, only_cached=False)
-    runs = study_runs(only_cached=False, clients=clients)  # the check cell (and anything the order above left out)
+    # the check cell (and anything the order above left out); without the check, the stored runs are only read
+    runs = study_runs(only_cached=not check, clients=clients)
     replication_runs(runs, only_cached=False)  # the post-hoc best pairs on unseen seeds, once a grid is complete
 
 
@@ -458,34 +461,45 @@ def board_figure(runs: pd.DataFrame) -> Any:
     return fig
 
 
-def plan_and_run(workers: int, plan: Path, rounds: int = 4) -> int:
-    """Plan the missing runs (``plan_in_order``), run the plan, and plan again until planning adds no job: the
-    reset client's runs can be planned only once its period is chosen, a setting's replication only once its grid is
-    complete, so one call runs the whole study (at most ``rounds`` rounds). Returns run-plan's exit status."""
+def plan_and_run(workers: int, plan: Path, rounds: int = 8) -> int:
+    """Run every missing run of the study, the answer's first: each round plans the whole study into ``plan`` (the
+    committed record of what the study asks for), then the missing grid and replication runs (``plan_in_order``
+    without the check cell) into a front plan and runs those; only when none is missing does it run ``plan`` (the
+    check cell). The reset client's runs can be planned only once its period is chosen, a setting's replication
+    only once its grid is complete, so the rounds go on until planning adds nothing (at most ``rounds``).
+    Returns run-plan's exit status."""
     import subprocess
     import sys
+    import tempfile
 
     from ftta_core.plan import read_plan
 
-    def planned() -> int:
-        return len(read_plan(plan)) if plan.exists() else 0
-
-    before = -1
-    for _ in range(rounds):
-        os.environ["FTTA_PLAN"] = str(plan)
+    def planned_into(path: Path, check: bool = True) -> int:
+        os.environ["FTTA_PLAN"] = str(path)
         try:
-            plan_in_order()
+            plan_in_order(check=check)
         finally:
             os.environ.pop("FTTA_PLAN", None)
-        if planned() == before:
-            return 0  # this round planned nothing new: every run of the study is stored
-        before = planned()
-        if before == 0:
-            return 0
-        rc = subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(plan), "--workers", str(workers),
-                             "--threads", "1"]).returncode
-        if rc:
-            return rc
+        return len(read_plan(path)) if path.exists() else 0
+
+    def run_plan(path: Path) -> int:
+        return subprocess.run([sys.executable, "-m", "ftta_core", "run-plan", str(path), "--workers", str(workers),
+                               "--threads", "1"]).returncode
+
+    ran_whole = -1
+    with tempfile.TemporaryDirectory(prefix="anchored-front-") as tmp:
+        front = Path(tmp) / "front.plan.jsonl"
+        for _ in range(rounds):
+            whole = planned_into(plan)
+            front.unlink(missing_ok=True)
+            if planned_into(front, check=False):
+                rc = run_plan(front)  # missing grid or replication runs: the answer before the check
+            elif whole in (0, ran_whole):
+                return 0  # the whole plan ran and this round planned nothing new: every run is stored
+            else:
+                ran_whole, rc = whole, run_plan(plan)
+            if rc:
+                return rc
     return 0
 
 
