@@ -156,11 +156,11 @@ def _by_seed(runs: pd.DataFrame, client: str, strategy: str) -> pd.Series:
     return here.set_index("seed")["accuracy"]
 
 
-def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
+def gains_table(runs: pd.DataFrame, cell: str = CELL, confidence: float = stats.CONFIDENCE) -> pd.DataFrame:
     """Per setting, client and federated strategy: its gain over Local with the same client and over Local with the
-    plain client, paired by seed (``stats.paired``), with ``stats.comparison``'s verdict. For an anchored client,
-    also Local with it over Local with the plain client (strategy 'local'): what the anchor gives without any
-    collaboration."""
+    plain client, paired by seed (``stats.paired``, intervals at ``confidence``), with ``stats.comparison``'s
+    verdict. For an anchored client, also Local with it over Local with the plain client (strategy 'local'): what
+    the anchor gives without any collaboration."""
     rows: List[Dict[str, Any]] = []
     runs = runs[runs.cell == cell]
     for setting, here in runs.groupby("setting", sort=False):
@@ -174,11 +174,54 @@ def gains_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
                 pairs = ([] if strategy == "local" else [("Local, same client", client)]) \
                     + ([("Local, plain client", "plain")] if client != "plain" else [])
                 for versus, base in pairs:
-                    est = stats.paired(mine, _by_seed(here, base, "local"))
+                    est = stats.paired(mine, _by_seed(here, base, "local"), confidence)
                     rows.append({"setting": setting, "client": client, "strategy": strategy, "versus": versus,
                                  "gain": est.mean, "low": est.low, "high": est.high, "seeds": est.n,
                                  "seed ids": tuple(int(s) for s in est.seeds), "comparison": stats.comparison(est)})
     return pd.DataFrame(rows)
+
+
+def family_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
+    """A sensitivity reading, not the rule: the grid's gains over Local with the same client (every federated
+    strategy x client x setting with ``stats.MIN_SEEDS`` seeds or more) read as one family of ``m`` comparisons,
+    each interval widened to confidence ``1 - (1 - stats.CONFIDENCE) / m`` (Bonferroni: the chance of any false
+    'ahead' or 'behind' in the family stays under 5 %). The rule's verdict (``gains_table``) stands; this says
+    which of them a skeptic who counts every comparison of the grid would still accept."""
+    keys = ["setting", "client", "strategy"]
+    columns = [*keys, "gain", "low", "high", "comparison", "family confidence", "family low", "family high",
+               "family comparison"]
+
+    def family(g: pd.DataFrame) -> pd.DataFrame:
+        if g.empty:
+            return g
+        return g[(g.versus == "Local, same client") & (g.strategy != "local") & (g.seeds >= stats.MIN_SEEDS)]
+
+    rule = family(gains_table(runs, cell))
+    if rule.empty:
+        return pd.DataFrame(columns=columns)
+    confidence = 1 - (1 - stats.CONFIDENCE) / len(rule)
+    wide = family(gains_table(runs, cell, confidence))[[*keys, "low", "high", "comparison"]]
+    out = rule[[*keys, "gain", "low", "high", "comparison"]].merge(
+        wide.rename(columns={"low": "family low", "high": "family high", "comparison": "family comparison"}),
+        on=keys, how="left").assign(**{"family confidence": confidence})
+    return out[columns].reset_index(drop=True)
+
+
+def _family_reading(family: Optional[pd.DataFrame]) -> List[str]:
+    """One sentence: how many of the rule's 'ahead'/'behind' gains stay so when the grid is one family."""
+    if family is None or family.empty:
+        return []
+    told = []
+    for side in ("ahead", "behind"):
+        rule = family[family.comparison == side]
+        if rule.empty:
+            continue
+        kept = rule[rule["family comparison"] == side]
+        names = ", ".join(f"{r['setting'].upper()} {r['strategy']} + {r['client']}" for r in kept.to_dict("records"))
+        told.append(f"{len(kept)} of the {len(rule)} '{side}' stay {side}" + (f" ({names})" if names else ""))
+    return [f"Read as one family (a sensitivity reading; the verdicts above are the rule's): the {len(family)} gains "
+            f"over Local with the same client, each interval at {100 * family['family confidence'].iloc[0]:.3f} % "
+            f"(Bonferroni): " + ("; ".join(told) or "none is ahead or behind under the rule") + "."]
 
 
 def _bests(here: pd.DataFrame) -> Optional[Tuple[Tuple[str, str], str]]:
@@ -333,9 +376,9 @@ def cost_table(runs: pd.DataFrame, gains: pd.DataFrame, cell: str = CELL) -> pd.
 
 
 def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.DataFrame] = None,
-            check: Optional[pd.DataFrame] = None) -> str:
-    """The answer in sentences computed from ``gains``, ``best``, ``replication`` (``replication_table``) and
-    ``check`` (``check_table``); no sentence is printed without its rows."""
+            check: Optional[pd.DataFrame] = None, family: Optional[pd.DataFrame] = None) -> str:
+    """The answer in sentences computed from ``gains``, ``best``, ``replication`` (``replication_table``),
+    ``check`` (``check_table``) and ``family`` (``family_table``); no sentence is printed without its rows."""
     if gains.empty:
         return "No run of the anchored-client study is stored yet (python -m studies.anchored runs them)."
     lines = []
@@ -354,6 +397,7 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.Da
                      "on these runs' means: post hoc).")
     lines += _replication_reading(replication)
     lines += _drift_reading(gains)
+    lines += _family_reading(family)
     lines += _check_reading(check)
     return "\n".join(lines)
 
