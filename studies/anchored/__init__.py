@@ -181,6 +181,13 @@ def gains_table(runs: pd.DataFrame, cell: str = CELL, confidence: float = stats.
     return pd.DataFrame(rows)
 
 
+def _over_same_local(gains: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``gains_table`` that compare a federated strategy with Local using the same client."""
+    if gains.empty:
+        return gains
+    return gains[(gains.versus == "Local, same client") & (gains.strategy != "local")]
+
+
 def family_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
     """A sensitivity reading, not the rule: the grid's gains over Local with the same client (every federated
     strategy x client x setting with ``stats.MIN_SEEDS`` seeds or more) read as one family of ``m`` comparisons,
@@ -192,9 +199,8 @@ def family_table(runs: pd.DataFrame, cell: str = CELL) -> pd.DataFrame:
                "family comparison"]
 
     def family(g: pd.DataFrame) -> pd.DataFrame:
-        if g.empty:
-            return g
-        return g[(g.versus == "Local, same client") & (g.strategy != "local") & (g.seeds >= stats.MIN_SEEDS)]
+        g = _over_same_local(g)
+        return g if g.empty else g[g.seeds >= stats.MIN_SEEDS]
 
     rule = family(gains_table(runs, cell))
     if rule.empty:
@@ -382,7 +388,7 @@ def reading(gains: pd.DataFrame, best: pd.DataFrame, replication: Optional[pd.Da
     if gains.empty:
         return "No run of the anchored-client study is stored yet (python -m studies.anchored runs them)."
     lines = []
-    same = gains[(gains.versus == "Local, same client") & (gains.strategy != "local")]
+    same = _over_same_local(gains)
     for setting, here in same.groupby("setting", sort=False):
         ahead = here[here.comparison == "ahead"]
         per_client = {c: sorted(g.strategy) for c, g in ahead.groupby("client")}
@@ -431,7 +437,7 @@ def _drift_reading(gains: pd.DataFrame) -> List[str]:
                              for r in alone.to_dict("records"))
             lines.append(f"{setting.upper()}: the anchor alone (Local with it minus Local with the plain client): "
                          f"{told}.")
-        same = here[(here.versus == "Local, same client") & (here.strategy != "local")]
+        same = _over_same_local(here)
         papers = same[(same.client == "plain") & (same.comparison == "ahead") & (same.seeds >= stats.MIN_SEEDS)]
         for client in [c for c in pd.unique(same.client) if c != "plain"]:
             mine = same[(same.client == client) & same.strategy.isin(papers.strategy)].set_index("strategy")
